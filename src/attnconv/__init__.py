@@ -1,0 +1,11 @@
+"""attnconv: self-attention layers that learn (and provably can express) convolutions.
+
+Implements Cordonnier, Loukas & Jaggi, *On the Relationship between Self-Attention and
+Convolutional Layers* (ICLR 2020): attention layers with every positional encoding of the paper,
+Theorem 1 as exact conversion code, the paper's models and training recipe, and its figures.
+"""
+
+
+
+__all__: list[str] = []
+__version__ = "0.1.0"
