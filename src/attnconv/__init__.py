@@ -5,7 +5,7 @@ Convolutional Layers* (ICLR 2020): attention layers with every positional encodi
 Theorem 1 as exact conversion code, the paper's models and training recipe, and its figures.
 """
 
+from attnconv.attention import MultiHeadSelfAttention2d
 
-
-__all__: list[str] = []
+__all__ = ["MultiHeadSelfAttention2d"]
 __version__ = "0.1.0"

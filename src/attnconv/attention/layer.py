@@ -1,0 +1,463 @@
+"""``MultiHeadSelfAttention2d``: self-attention over the pixels of an image.
+
+Each head ``h`` computes ``P^h = softmax(A^h)`` over key pixels, with ``A^h`` a sum of the scores it
+is configured with (design.md §1), and the layer returns ``Σ_h P^h V^h W^h_out + b_out``.
+
+Execution paths, all exact (tested against ``impl="dense"``, the plain per-image N×N reference):
+
+* position-only, separable (isotropic ``gaussian``, ``learned``): ``P^h = R^h ⊗ C^h``; attend along
+  rows with ``R^h (H×H)`` and along columns with ``C^h (W×W)``. ``O(N·(H+W))`` per head and image,
+  no ``N×N`` tensor.
+* position-only, not separable (``gaussian_full``): ``P^h (N×N)`` is built once per forward and
+  applied to the whole batch as one matrix product.
+* with content scores: per-image scores through ``scaled_dot_product_attention`` with the
+  positional logits as an additive bias.
+
+Attention dropout (probability ``dropout``) acts on the probabilities. With content scores it is the
+usual independent mask per image, head and entry. Position-only probabilities are the same for
+every image, and the layer keeps them shared: one mask per forward, shared by the batch, **factored
+as** ``M = M_row ⊗ M_col`` with independent Bernoulli masks on the row and column factors, each
+keeping an entry with probability ``√(1−p)`` and rescaled by ``1/√(1−p)``. Each entry of ``P`` is
+kept with probability ``1 − p`` and the expectation of the output is unchanged, as with plain
+dropout; entries sharing a row (or column) offset pair are dropped together. The dense reference
+path draws and applies exactly the same factored mask, so both paths agree sample by sample.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from attnconv.attention import scores
+
+Positional = Literal["gaussian", "gaussian_full", "learned"]
+POSITIONAL_SCORES: tuple[str, ...] = ("gaussian", "gaussian_full", "learned")
+IMPLEMENTATIONS: tuple[str, ...] = ("auto", "dense")
+
+
+class MultiHeadSelfAttention2d(nn.Module):
+    """Multi-head self-attention over an ``H×W`` grid of ``dim``-channel pixels.
+
+    Args:
+        dim: channels of the input pixels.
+        heads: number of heads ``Nh``.
+        head_dim: channels each head attends over; defaults to ``dim``. When equal to ``dim``
+            there is no value projection: every head attends over the raw input (the paper's
+            model, where ``W_val W_out`` is one matrix per head held by ``out``).
+        positional: ``"gaussian"`` (isotropic quadratic), ``"gaussian_full"`` (generalized
+            quadratic, ``Σ⁻¹ = S Sᵀ``), ``"learned"`` (learned relative row/column embeddings) or
+            ``None``.
+        content: add the content score ``(X_q W_qry)ᵀ(X_k W_key) / √head_dim``.
+        content_positional: add ``(X_q W_qry)ᵀ r_δ / √head_dim``; needs ``positional="learned"``.
+        dropout: attention dropout probability on the probabilities (see module docstring).
+        out_dim: channels of the output pixels; defaults to ``dim``.
+        max_size: largest image side the learned embeddings cover (offsets ``±(max_size−1)``).
+        hard: ``gaussian`` only: use the exact ``s → ∞`` limit of the score (all mass on the
+            pixel nearest ``q + Δ``), as in the constructive proof of Theorem 1.
+        impl: ``"auto"`` (fastest exact path) or ``"dense"`` (explicit per-image ``N×N``
+            reference); settable after construction.
+
+    Shapes: input ``(B, H, W, dim)`` → output ``(B, H, W, out_dim)``; any ``H×W``.
+    Parameters (by score): ``centers (heads, 2)`` offsets in pixels (row, col); ``spread``
+    ``(heads,)`` inverse std, or ``(heads, 2, 2)`` = ``S``; ``row_embedding``/``col_embedding``
+    ``(2·max_size−1, ·)`` and ``positional_weight (heads, head_dim)``; ``query``/``key``
+    ``Linear(dim, heads·head_dim)``; ``value`` (only when ``head_dim ≠ dim``); ``out``
+    ``Linear(heads·head_dim, out_dim)``.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        heads: int,
+        head_dim: int | None = None,
+        positional: Positional | None = "gaussian",
+        content: bool = False,
+        content_positional: bool = False,
+        dropout: float = 0.0,
+        out_dim: int | None = None,
+        max_size: int = 32,
+        hard: bool = False,
+        impl: Literal["auto", "dense"] = "auto",
+    ) -> None:
+        super().__init__()
+        head_dim = dim if head_dim is None else head_dim
+        out_dim = dim if out_dim is None else out_dim
+        for name, value in (("dim", dim), ("heads", heads), ("head_dim", head_dim),
+                            ("out_dim", out_dim), ("max_size", max_size)):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+            if value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
+        if positional is not None and positional not in POSITIONAL_SCORES:
+            raise ValueError(
+                f"unknown positional score {positional!r}; expected one of {POSITIONAL_SCORES} or None"
+            )
+        if positional is None and not content:
+            raise ValueError("a layer needs a score: set positional and/or content=True")
+        if content_positional and positional != "learned":
+            raise ValueError(
+                f"content_positional=True needs positional='learned' (relative embeddings r_δ), "
+                f"got positional={positional!r}"
+            )
+        if positional == "learned" and head_dim < 2:
+            raise ValueError(f"positional='learned' needs head_dim >= 2, got {head_dim}")
+        if hard and (positional != "gaussian" or content):
+            raise ValueError("hard=True is the s → ∞ limit of positional='gaussian' without content")
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+
+        self.dim, self.heads, self.head_dim, self.out_dim = dim, heads, head_dim, out_dim
+        self.positional, self.content, self.content_positional = positional, content, content_positional
+        self.dropout, self.max_size, self.hard = float(dropout), max_size, hard
+        self.impl = impl
+
+        if positional in ("gaussian", "gaussian_full"):
+            self.centers = nn.Parameter(torch.empty(heads, 2))
+            spread_shape = (heads,) if positional == "gaussian" else (heads, 2, 2)
+            self.spread = nn.Parameter(torch.empty(spread_shape))
+        if positional == "learned":
+            d_row = head_dim // 2
+            self.row_embedding = nn.Parameter(torch.empty(2 * max_size - 1, d_row))
+            self.col_embedding = nn.Parameter(torch.empty(2 * max_size - 1, head_dim - d_row))
+            self.positional_weight = nn.Parameter(torch.empty(heads, head_dim))
+        self.query = nn.Linear(dim, heads * head_dim) if (content or content_positional) else None
+        self.key = nn.Linear(dim, heads * head_dim) if content else None
+        self.value = nn.Linear(dim, heads * head_dim) if head_dim != dim else None
+        self.out = nn.Linear(heads * head_dim, out_dim)
+        self.reset_positional_parameters()
+
+    # ------------------------------------------------------------------ parameters
+
+    @property
+    def impl(self) -> str:
+        return self._impl
+
+    @impl.setter
+    def impl(self, value: str) -> None:
+        if value not in IMPLEMENTATIONS:
+            raise ValueError(f"impl must be one of {IMPLEMENTATIONS}, got {value!r}")
+        self._impl = value
+
+    @property
+    def position_only(self) -> bool:
+        """True when the probabilities depend on positions only (the same for every image)."""
+        return not (self.content or self.content_positional)
+
+    @property
+    def separable(self) -> bool:
+        """True when position-only probabilities factor as ``R ⊗ C`` (row and column terms)."""
+        return self.position_only and self.positional in ("gaussian", "learned")
+
+    @torch.no_grad()
+    def reset_positional_parameters(self) -> None:
+        """Paper initialisation: ``Δ ~ N(0, 2²)``, ``s = 1 + N(0, 0.01²)``, ``S = I + N(0, 0.01²)``."""
+        if self.positional in ("gaussian", "gaussian_full"):
+            self.centers.normal_(0.0, 2.0)
+            self.spread.normal_(0.0, 0.01)
+            if self.positional == "gaussian":
+                self.spread.add_(1.0)
+            else:
+                self.spread.add_(torch.eye(2, dtype=self.spread.dtype))
+        if self.positional == "learned":
+            nn.init.normal_(self.row_embedding, std=0.02)
+            nn.init.normal_(self.col_embedding, std=0.02)
+            nn.init.normal_(self.positional_weight, std=1.0 / math.sqrt(self.head_dim))
+
+    def extra_repr(self) -> str:
+        return (f"dim={self.dim}, heads={self.heads}, head_dim={self.head_dim}, "
+                f"out_dim={self.out_dim}, positional={self.positional!r}, content={self.content}, "
+                f"content_positional={self.content_positional}, dropout={self.dropout}"
+                + (", hard=True" if self.hard else ""))
+
+    # ------------------------------------------------------------------ validation
+
+    def _check_input(self, x: Tensor) -> tuple[int, int, int]:
+        if not isinstance(x, Tensor):
+            raise TypeError(f"expected a torch.Tensor of shape (B, H, W, {self.dim}), got {type(x).__name__}")
+        if x.dim() != 4:
+            raise ValueError(
+                f"expected input of shape (B, H, W, {self.dim}) (channels last), got shape {tuple(x.shape)}"
+            )
+        if x.shape[-1] != self.dim:
+            raise ValueError(
+                f"expected {self.dim} channels in the last dimension (B, H, W, {self.dim}), "
+                f"got shape {tuple(x.shape)}"
+            )
+        if not x.is_floating_point():
+            raise TypeError(f"expected a floating-point input, got dtype {x.dtype}")
+        batch, height, width, _ = x.shape
+        self._check_size(height, width)
+        return batch, height, width
+
+    def _check_size(self, height: int, width: int) -> None:
+        if height < 1 or width < 1:
+            raise ValueError(f"image must have at least one pixel, got H={height}, W={width}")
+        if self.positional == "learned" and max(height, width) > self.max_size:
+            raise ValueError(
+                f"image {height}x{width} is larger than the learned relative embeddings cover "
+                f"(max_size={self.max_size}, offsets up to ±{self.max_size - 1}); build the layer "
+                f"with max_size >= {max(height, width)}"
+            )
+
+    # ------------------------------------------------------------------ positional terms
+
+    def _positional_factors(self, height: int, width: int) -> tuple[Tensor, Tensor]:
+        """Row ``(heads, H, H)`` and column ``(heads, W, W)`` probability factors (separable)."""
+        if self.hard:
+            return scores.hard_gaussian_factors(self.centers, height, width)
+        if self.positional == "gaussian":
+            row, col = scores.gaussian_factors(self.centers, self.spread, height, width)
+        else:
+            row, col = scores.learned_factors(
+                self.row_embedding, self.col_embedding, self.positional_weight, height, width
+            )
+        return scores.softmax_without_subnormals(row), scores.softmax_without_subnormals(col)
+
+    def _positional_logits(self, height: int, width: int) -> Tensor:
+        """Position-only logits over pixels ``(heads, N, N)``."""
+        if self.positional == "gaussian_full":
+            return scores.gaussian_full_logits(self.centers, self.spread, height, width)
+        if self.positional == "gaussian":
+            row, col = scores.gaussian_factors(self.centers, self.spread, height, width)
+        else:
+            row, col = scores.learned_factors(
+                self.row_embedding, self.col_embedding, self.positional_weight, height, width
+            )
+        return scores.kron_sum_factors(row, col)
+
+    def attention_probs(self, height: int, width: int) -> Tensor:
+        """Probabilities ``(heads, H·W, H·W)`` of a position-only layer (no dropout).
+
+        Row-major pixel order; ``out[h, q, k]`` is the weight of key pixel ``k`` for query ``q``.
+        """
+        if not self.position_only:
+            raise ValueError(
+                "attention_probs(H, W) needs a position-only layer; with content scores the "
+                "probabilities depend on the image: use forward(x, return_attention=True)"
+            )
+        self._check_size(height, width)
+        if self.separable:
+            return scores.kron_factors(*self._positional_factors(height, width))
+        return scores.softmax_without_subnormals(self._positional_logits(height, width))
+
+    def _factored_dropout_masks(self, height: int, width: int, like: Tensor) -> tuple[Tensor, Tensor]:
+        """Row ``(heads, H, H)`` and column ``(heads, W, W)`` dropout masks, already rescaled."""
+        keep = math.sqrt(1.0 - self.dropout)
+        opts = {"device": like.device, "dtype": like.dtype}
+        row = (torch.rand(self.heads, height, height, device=like.device) < keep).to(**opts) / keep
+        col = (torch.rand(self.heads, width, width, device=like.device) < keep).to(**opts) / keep
+        return row, col
+
+    @property
+    def _dropout_active(self) -> bool:
+        return self.training and self.dropout > 0.0
+
+    # ------------------------------------------------------------------ forward
+
+    def forward(self, x: Tensor, return_attention: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+        """Attend over the pixels of ``x (B, H, W, dim)``; returns ``(B, H, W, out_dim)``.
+
+        With ``return_attention=True`` also returns the probabilities ``(B, heads, H·W, H·W)``
+        (before dropout; for position-only layers an expanded view of one shared matrix).
+        """
+        batch, height, width = self._check_input(x)
+        if self.impl == "dense":
+            y, probs = self._forward_dense(x)
+        elif self.separable:
+            y, probs = self._forward_separable(x, return_attention)
+        elif self.position_only:
+            y, probs = self._forward_shared(x)
+        else:
+            y, probs = self._forward_content(x, return_attention)
+        if not return_attention:
+            return y
+        n = height * width
+        return y, probs.expand(batch, self.heads, n, n)
+
+    def _values(self, x: Tensor) -> Tensor:
+        """``(B, heads, H, W, head_dim)``, or ``(B, 1, H, W, dim)`` when heads share the raw input."""
+        batch, height, width, _ = x.shape
+        if self.value is None:
+            return x.unsqueeze(1)
+        v = self.value(x).view(batch, height, width, self.heads, self.head_dim)
+        return v.permute(0, 3, 1, 2, 4)
+
+    def _project_out(self, y: Tensor) -> Tensor:
+        """``y (B, heads, H, W, head_dim)`` → output ``(B, H, W, out_dim)``."""
+        batch, heads, height, width, head_dim = y.shape
+        y = y.permute(0, 2, 3, 1, 4).reshape(batch, height, width, heads * head_dim)
+        return self.out(y)
+
+    def _forward_separable(self, x: Tensor, return_attention: bool) -> tuple[Tensor, Tensor | None]:
+        batch, height, width, _ = x.shape
+        row, col = self._positional_factors(height, width)
+        probs = scores.kron_factors(row, col) if return_attention else None
+        if self._dropout_active:
+            mask_row, mask_col = self._factored_dropout_masks(height, width, row)
+            row, col = row * mask_row, col * mask_col
+        v = self._values(x)
+        row, col = row.to(v.dtype), col.to(v.dtype)
+        d = v.shape[-1]
+        # Columns: t[b, h, i, q2] = Σ_k2 col[h, q2, k2] v[b, h, i, k2]  (batched over b, h, i).
+        t = torch.matmul(col[:, None], v)  # (B, heads, H, W, d)
+        # Rows: y[b, h, q1] = Σ_k1 row[h, q1, k1] t[b, h, k1]  (one product over W·d columns).
+        y = torch.matmul(row, t.reshape(batch, self.heads, height, width * d))
+        return self._project_out(y.view(batch, self.heads, height, width, d)), probs
+
+    def _forward_shared(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """Position-only, non-separable: one ``(heads, N, N)`` matrix applied to the whole batch."""
+        batch, height, width, _ = x.shape
+        n = height * width
+        probs = scores.softmax_without_subnormals(self._positional_logits(height, width))
+        applied = probs
+        if self._dropout_active:
+            applied = probs * scores.kron_factors(*self._factored_dropout_masks(height, width, probs))
+        v = self._values(x)  # (B, heads|1, H, W, d)
+        d = v.shape[-1]
+        # Pixels first, batch and channels as columns: one product per head over B·d columns.
+        v_cols = v.reshape(batch, v.shape[1], n, d).permute(1, 2, 0, 3).reshape(v.shape[1], n, batch * d)
+        y = torch.matmul(applied.to(v.dtype), v_cols)  # (heads, N, B·d)
+        y = y.view(self.heads, height, width, batch, d).permute(3, 0, 1, 2, 4)
+        return self._project_out(y), probs
+
+    def _content_logits(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
+        """Query ``(B, heads, N, d)``, key ``(B, heads, N, d)`` or None, and the bias logits."""
+        batch, height, width, _ = x.shape
+        n = height * width
+
+        def split_heads(t: Tensor) -> Tensor:
+            return t.view(batch, n, self.heads, self.head_dim).transpose(1, 2)
+
+        q = split_heads(self.query(x))
+        k = split_heads(self.key(x)) if self.key is not None else None
+        bias = None
+        if self.positional is not None:
+            bias = self._positional_logits(height, width).to(q.dtype)
+        if self.content_positional:
+            cp = scores.content_positional_logits(q, self.row_embedding, self.col_embedding, height, width)
+            bias = cp if bias is None else bias + cp
+        return q, k, bias
+
+    def _forward_content(self, x: Tensor, return_attention: bool) -> tuple[Tensor, Tensor | None]:
+        batch, height, width, _ = x.shape
+        n = height * width
+        q, k, bias = self._content_logits(x)
+        v = self._values(x).flatten(2, 3).expand(batch, self.heads, n, self.head_dim)
+        if return_attention or k is None:
+            probs = self._content_probs(q, k, bias)
+            applied = F.dropout(probs, self.dropout, self.training) if self._dropout_active else probs
+            y = applied @ v
+        else:
+            probs = None
+            y = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=bias, dropout_p=self.dropout if self._dropout_active else 0.0
+            )
+        return self._project_out(y.view(batch, self.heads, height, width, self.head_dim)), probs
+
+    def _content_probs(self, q: Tensor, k: Tensor | None, bias: Tensor | None) -> Tensor:
+        """Explicit ``(B, heads, N, N)`` probabilities from content and positional logits."""
+        logits = 0.0
+        if k is not None:
+            logits = (q @ k.transpose(-1, -2)) / math.sqrt(self.head_dim)
+        if bias is not None:
+            logits = logits + bias
+        return scores.softmax_without_subnormals(logits)
+
+    def _forward_dense(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """Reference path: explicit per-image ``(B, heads, N, N)`` scores, softmax, weighted sum."""
+        batch, height, width, _ = x.shape
+        n = height * width
+        if self.position_only:
+            if self.hard:
+                logits = None
+                probs = scores.kron_factors(*scores.hard_gaussian_factors(self.centers, height, width))
+            else:
+                logits = self._positional_logits(height, width)
+                probs = scores.softmax_without_subnormals(logits.expand(batch, self.heads, n, n))
+            if self._dropout_active:
+                mask = scores.kron_factors(*self._factored_dropout_masks(height, width, probs))
+                applied = probs * mask
+            else:
+                applied = probs
+            probs = probs.expand(batch, self.heads, n, n)
+            applied = applied.expand(batch, self.heads, n, n)
+        else:
+            q, k, bias = self._content_logits(x)
+            probs = self._content_probs(q, k, bias)
+            applied = F.dropout(probs, self.dropout, self.training) if self._dropout_active else probs
+        v = self._values(x).flatten(2, 3)  # (B, heads|1, N, d)
+        y = applied.to(v.dtype) @ v  # (B, heads, N, d)
+        return self._project_out(y.view(batch, self.heads, height, width, -1)), probs
+
+    # ------------------------------------------------------------------ analysis and surgery
+
+    @torch.no_grad()
+    def head_geometry(self) -> dict[str, Tensor]:
+        """Geometry of Gaussian heads.
+
+        Returns ``centers (heads, 2)`` in pixels, ``covariance (heads, 2, 2)`` (``Σ = (S Sᵀ)⁻¹``,
+        or ``I / s²``; ``inf`` entries for a singular precision) and ``condition_number (heads,)``
+        of the covariance (``inf`` when singular, 1 for isotropic heads).
+        """
+        if self.positional not in ("gaussian", "gaussian_full"):
+            raise ValueError(f"head_geometry() needs a gaussian layer, got positional={self.positional!r}")
+        eye = torch.eye(2, dtype=self.spread.dtype, device=self.spread.device)
+        if self.positional == "gaussian":
+            precision = self.spread.square()[:, None, None] * eye
+        else:
+            precision = self.spread @ self.spread.transpose(-1, -2)
+        eigenvalues = torch.linalg.eigvalsh(precision.double()).clamp_min(0.0)  # ascending
+        condition = eigenvalues[:, 1] / eigenvalues[:, 0]
+        condition = torch.where(eigenvalues[:, 1] == 0, torch.ones_like(condition), condition)
+        singular = eigenvalues[:, 0] == 0
+        safe = torch.where(singular[:, None, None], eye.double().expand_as(precision), precision.double())
+        covariance = torch.where(singular[:, None, None], torch.full_like(safe, math.inf),
+                                 torch.linalg.inv(safe))
+        return {
+            "centers": self.centers.detach().clone(),
+            "covariance": covariance.to(self.spread.dtype),
+            "condition_number": condition.to(self.spread.dtype),
+        }
+
+    @torch.no_grad()
+    def prune_heads(self, keep: Sequence[int]) -> None:
+        """Keep only the heads listed in ``keep`` (in that order is irrelevant: sorted), in place."""
+        keep_sorted = sorted({int(h) for h in keep})
+        if not keep_sorted:
+            raise ValueError("prune_heads needs at least one head to keep")
+        if keep_sorted[0] < 0 or keep_sorted[-1] >= self.heads:
+            raise ValueError(f"head indices must be in [0, {self.heads}), got {list(keep)}")
+        index = torch.tensor(keep_sorted, device=self.out.weight.device)
+        channels = (index[:, None] * self.head_dim + torch.arange(self.head_dim, device=index.device)).flatten()
+        for name in ("centers", "spread", "positional_weight"):
+            if hasattr(self, name):
+                setattr(self, name, nn.Parameter(getattr(self, name)[index].clone()))
+        for name in ("query", "key", "value"):
+            linear = getattr(self, name)
+            if linear is not None:
+                setattr(self, name, _select_linear(linear, rows=channels))
+        self.out = _select_linear(self.out, cols=channels)
+        self.heads = len(keep_sorted)
+
+
+def _select_linear(linear: nn.Linear, rows: Tensor | None = None, cols: Tensor | None = None) -> nn.Linear:
+    """A new ``Linear`` holding the chosen output rows / input columns of ``linear``'s weight."""
+    weight = linear.weight
+    if rows is not None:
+        weight = weight[rows]
+    if cols is not None:
+        weight = weight[:, cols]
+    bias = linear.bias
+    if bias is not None and rows is not None:
+        bias = bias[rows]
+    new = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None,
+                    device=weight.device, dtype=weight.dtype)
+    new.weight.copy_(weight)
+    if bias is not None:
+        new.bias.copy_(bias)
+    return new

@@ -1,0 +1,175 @@
+"""Positional attention scores of the paper, as logits over key pixels.
+
+Conventions (design.md §1): pixels are ``(row, col)``; a query ``q`` and a key ``k`` have the
+relative offset ``δ = k − q``; logits are indexed ``[head, query, key]``. The isotropic Gaussian and
+the learned relative score are sums of a row term and a column term, so they are returned as two
+factors: ``row (heads, H, H)`` over ``(query row, key row)`` and ``col (heads, W, W)`` over
+``(query col, key col)``. The full score over pixels is ``row[h, q1, k1] + col[h, q2, k2]``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+
+def relative_offsets(n: int, *, device: torch.device, dtype: torch.dtype) -> Tensor:
+    """``(n, n)`` matrix of ``key − query`` offsets along one axis: ``out[q, k] = k − q``."""
+    idx = torch.arange(n, device=device, dtype=dtype)
+    return idx[None, :] - idx[:, None]
+
+
+def gaussian_factors(centers: Tensor, spread: Tensor, height: int, width: int) -> tuple[Tensor, Tensor]:
+    """Row and column logits of the isotropic quadratic score ``−½ s² ‖δ − Δ‖²``.
+
+    Args:
+        centers: ``(heads, 2)`` centre offsets ``Δ`` in pixels, (row, col).
+        spread: ``(heads,)`` inverse standard deviations ``s``.
+    Returns:
+        ``row (heads, H, H)`` and ``col (heads, W, W)`` logits whose outer sum is the score.
+    """
+    opts = {"device": centers.device, "dtype": centers.dtype}
+    half_s2 = 0.5 * spread.square()[:, None, None]
+    row = -half_s2 * (relative_offsets(height, **opts)[None] - centers[:, 0, None, None]).square()
+    col = -half_s2 * (relative_offsets(width, **opts)[None] - centers[:, 1, None, None]).square()
+    return row, col
+
+
+def hard_gaussian_factors(centers: Tensor, height: int, width: int) -> tuple[Tensor, Tensor]:
+    """Probabilities of the ``s → ∞`` limit of the isotropic Gaussian score, as row/col factors.
+
+    In the limit each head puts all its mass on the key pixels nearest to ``q + Δ`` (inside the
+    image), shared equally among ties. Returns ``row (heads, H, H)`` and ``col (heads, W, W)``
+    probability factors (each row sums to one); the attention over pixels is their product.
+    """
+    return _nearest_one_hot(centers[:, 0], height), _nearest_one_hot(centers[:, 1], width)
+
+
+def _nearest_one_hot(center: Tensor, n: int) -> Tensor:
+    """``(heads, n, n)``: for query ``q``, uniform over the keys ``k`` minimising ``(k−q−c)²``."""
+    dist = (relative_offsets(n, device=center.device, dtype=center.dtype)[None]
+            - center.detach()[:, None, None]).square()
+    nearest = (dist == dist.amin(dim=-1, keepdim=True)).to(center.dtype)
+    return nearest / nearest.sum(dim=-1, keepdim=True)
+
+
+def gaussian_full_logits(centers: Tensor, spread_matrix: Tensor, height: int, width: int) -> Tensor:
+    """Logits ``−½ (δ − Δ)ᵀ S Sᵀ (δ − Δ)`` of the generalized quadratic score over all pixel pairs.
+
+    Args:
+        centers: ``(heads, 2)`` centre offsets ``Δ`` in pixels.
+        spread_matrix: ``(heads, 2, 2)`` matrices ``S`` with ``Σ⁻¹ = S Sᵀ``.
+    Returns:
+        ``(heads, H·W, H·W)`` logits, row-major pixel order, rows are queries.
+    """
+    heads = centers.shape[0]
+    opts = {"device": centers.device, "dtype": centers.dtype}
+    precision = spread_matrix @ spread_matrix.transpose(-1, -2)
+    p00, p01, p11 = (precision[:, i, j].view(heads, 1, 1, 1, 1) for i, j in ((0, 0), (0, 1), (1, 1)))
+    # e1: (heads, H, 1, H, 1) row offsets minus centre; e2: (heads, 1, W, 1, W) column offsets.
+    e1 = (relative_offsets(height, **opts)[None] - centers[:, 0, None, None])[:, :, None, :, None]
+    e2 = (relative_offsets(width, **opts)[None] - centers[:, 1, None, None])[:, None, :, None, :]
+    logits = -0.5 * (p00 * e1.square() + 2.0 * p01 * e1 * e2 + p11 * e2.square())
+    n = height * width
+    return logits.reshape(heads, n, n)
+
+
+def learned_factors(
+    row_embedding: Tensor, col_embedding: Tensor, weight: Tensor, height: int, width: int
+) -> tuple[Tensor, Tensor]:
+    """Row and column logits of the learned relative score ``w_hᵀ [r_row(δ1); r_col(δ2)]``.
+
+    Args:
+        row_embedding: ``(2M−1, d_row)`` one vector per row offset ``−(M−1)..M−1``.
+        col_embedding: ``(2M−1, d_col)`` one vector per column offset.
+        weight: ``(heads, d_row + d_col)`` the per-head vectors ``w_h``.
+    Returns:
+        ``row (heads, H, H)`` and ``col (heads, W, W)`` logits.
+    """
+    d_row = row_embedding.shape[1]
+    row_table = row_embedding @ weight[:, :d_row].T  # (2M−1, heads)
+    col_table = col_embedding @ weight[:, d_row:].T
+    return (_gather_offsets(row_table, height).permute(2, 0, 1),
+            _gather_offsets(col_table, width).permute(2, 0, 1))
+
+
+def offset_index(n: int, table_size: int, device: torch.device) -> Tensor:
+    """``(n, n)`` long indices into an offset table of ``table_size = 2M−1`` rows for ``k − q``."""
+    centre = (table_size - 1) // 2
+    idx = torch.arange(n, device=device)
+    return idx[None, :] - idx[:, None] + centre
+
+
+def _gather_offsets(table: Tensor, n: int) -> Tensor:
+    """``table (2M−1, ...)`` indexed by ``k − q``: returns ``(n, n, ...)``."""
+    return table[offset_index(n, table.shape[0], table.device)]
+
+
+def content_positional_logits(
+    query: Tensor, row_embedding: Tensor, col_embedding: Tensor, height: int, width: int
+) -> Tensor:
+    """Logits ``q_hᵀ r_δ / √d`` (content × position) for every query and key pixel.
+
+    Args:
+        query: ``(B, heads, H·W, d)`` query vectors with ``d = d_row + d_col``.
+    Returns:
+        ``(B, heads, H·W, H·W)`` logits.
+    """
+    batch, heads, n, dim = query.shape
+    d_row = row_embedding.shape[1]
+    q = query.view(batch, heads, height, width, dim)
+    # Score of every query against every row (resp. column) offset, then pick the key's offset.
+    by_row_offset = q[..., :d_row] @ row_embedding.T  # (B, heads, H, W, 2M−1)
+    by_col_offset = q[..., d_row:] @ col_embedding.T
+    row_idx = offset_index(height, row_embedding.shape[0], query.device)  # [q1, k1]
+    col_idx = offset_index(width, col_embedding.shape[0], query.device)  # [q2, k2]
+    row_term = torch.gather(
+        by_row_offset, -1, row_idx[:, None, :].expand(batch, heads, height, width, height)
+    )  # (B, heads, H, W, H) over key rows
+    col_term = torch.gather(
+        by_col_offset, -1, col_idx[None, :, :].expand(batch, heads, height, width, width)
+    )  # (B, heads, H, W, W) over key cols
+    logits = row_term[..., :, None] + col_term[..., None, :]
+    return logits.reshape(batch, heads, n, n) / math.sqrt(dim)
+
+
+def kron_factors(row: Tensor, col: Tensor) -> Tensor:
+    """Pixel-level matrix from row/col factors: ``out[h, (q1,q2), (k1,k2)] = row[h,q1,k1]·col[h,q2,k2]``.
+
+    ``row (heads, H, H)``, ``col (heads, W, W)`` → ``(heads, H·W, H·W)``.
+    """
+    heads, height, _ = row.shape
+    width = col.shape[1]
+    n = height * width
+    return (row[:, :, None, :, None] * col[:, None, :, None, :]).reshape(heads, n, n)
+
+
+def kron_sum_factors(row: Tensor, col: Tensor) -> Tensor:
+    """Pixel-level logits from row/col logits: ``out[h, (q1,q2), (k1,k2)] = row + col``."""
+    heads, height, _ = row.shape
+    width = col.shape[1]
+    n = height * width
+    return (row[:, :, None, :, None] + col[:, None, :, None, :]).reshape(heads, n, n)
+
+
+def underflow_log_threshold(dtype: torch.dtype) -> float:
+    """Logit gap below the row maximum past which a probability is flushed to exactly zero.
+
+    Probabilities smaller than ``sqrt(tiny)`` (≈1e-19 in float32, 1e-154 in float64) are zeroed so
+    that neither they nor their products with activations are subnormal numbers, which run ~10×
+    slower in CPU matrix products. The change to any output is below ``N · sqrt(tiny)`` relative.
+    """
+    return 0.5 * math.log(torch.finfo(dtype).tiny)
+
+
+def softmax_without_subnormals(logits: Tensor) -> Tensor:
+    """``softmax(logits, -1)`` with probabilities below ``sqrt(tiny)`` set to exactly zero.
+
+    Done on the logits (masked to ``−inf`` when more than ``underflow_log_threshold`` below the
+    row maximum), so the softmax never produces subnormals in forward or backward.
+    """
+    gap = logits - logits.detach().amax(dim=-1, keepdim=True)
+    logits = logits.masked_fill(gap < underflow_log_threshold(logits.dtype), float("-inf"))
+    return logits.softmax(dim=-1)

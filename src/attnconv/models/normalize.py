@@ -1,0 +1,49 @@
+"""Fixed per-channel normalisation, stored in the model so checkpoints are self-contained."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+
+class Normalize(nn.Module):
+    """``(x - mean) / std`` per channel with fixed (non-trainable) buffers.
+
+    Input: float images ``(B, C, H, W)`` on the ``[0, 1]`` scale. Output: same shape.
+    ``mean`` and ``std`` are saved in the ``state_dict``.
+    """
+
+    def __init__(self, mean: Sequence[float], std: Sequence[float]) -> None:
+        super().__init__()
+        mean_t = torch.as_tensor(tuple(mean), dtype=torch.float32)
+        std_t = torch.as_tensor(tuple(std), dtype=torch.float32)
+        if mean_t.ndim != 1 or mean_t.shape != std_t.shape or len(mean_t) == 0:
+            raise ValueError(
+                f"mean and std must be equal-length sequences of per-channel values, "
+                f"got mean={tuple(mean)} and std={tuple(std)}"
+            )
+        if bool((std_t <= 0).any()):
+            raise ValueError(f"std must be positive per channel, got {tuple(std)}")
+        self.register_buffer("mean", mean_t.view(-1, 1, 1))
+        self.register_buffer("std", std_t.view(-1, 1, 1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (x - self.mean) / self.std
+
+
+def check_images(x: torch.Tensor, in_channels: int, model_name: str) -> None:
+    """Raise a ValueError unless ``x`` is a float batch ``(B, in_channels, H, W)``."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{model_name} expects a torch.Tensor of images, got {type(x).__name__}")
+    if x.ndim != 4 or x.shape[1] != in_channels:
+        raise ValueError(
+            f"{model_name} expects images of shape (B, {in_channels}, H, W), "
+            f"got {tuple(x.shape)}"
+        )
+    if not x.is_floating_point():
+        raise TypeError(
+            f"{model_name} expects float images in [0, 1], got dtype {x.dtype} "
+            f"(convert uint8 images with images.float() / 255)"
+        )
