@@ -16,8 +16,7 @@ import argparse
 import importlib
 import sys
 
-COMMANDS: dict[str, str] = {
-}
+COMMANDS: dict[str, str] = {}
 
 
 class UsageError(Exception):

@@ -87,8 +87,13 @@ class MultiHeadSelfAttention2d(nn.Module):
         super().__init__()
         head_dim = dim if head_dim is None else head_dim
         out_dim = dim if out_dim is None else out_dim
-        for name, value in (("dim", dim), ("heads", heads), ("head_dim", head_dim),
-                            ("out_dim", out_dim), ("max_size", max_size)):
+        for name, value in (
+            ("dim", dim),
+            ("heads", heads),
+            ("head_dim", head_dim),
+            ("out_dim", out_dim),
+            ("max_size", max_size),
+        ):
             if isinstance(value, bool) or not isinstance(value, int):
                 raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
             if value < 1:
@@ -107,12 +112,18 @@ class MultiHeadSelfAttention2d(nn.Module):
         if positional == "learned" and head_dim < 2:
             raise ValueError(f"positional='learned' needs head_dim >= 2, got {head_dim}")
         if hard and (positional != "gaussian" or content):
-            raise ValueError("hard=True is the s → ∞ limit of positional='gaussian' without content")
+            raise ValueError(
+                "hard=True is the s → ∞ limit of positional='gaussian' without content"
+            )
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {dropout}")
 
         self.dim, self.heads, self.head_dim, self.out_dim = dim, heads, head_dim, out_dim
-        self.positional, self.content, self.content_positional = positional, content, content_positional
+        self.positional, self.content, self.content_positional = (
+            positional,
+            content,
+            content_positional,
+        )
         self.dropout, self.max_size, self.hard = float(dropout), max_size, hard
         self.impl = impl
 
@@ -169,16 +180,20 @@ class MultiHeadSelfAttention2d(nn.Module):
             nn.init.normal_(self.positional_weight, std=1.0 / math.sqrt(self.head_dim))
 
     def extra_repr(self) -> str:
-        return (f"dim={self.dim}, heads={self.heads}, head_dim={self.head_dim}, "
-                f"out_dim={self.out_dim}, positional={self.positional!r}, content={self.content}, "
-                f"content_positional={self.content_positional}, dropout={self.dropout}"
-                + (", hard=True" if self.hard else ""))
+        return (
+            f"dim={self.dim}, heads={self.heads}, head_dim={self.head_dim}, "
+            f"out_dim={self.out_dim}, positional={self.positional!r}, content={self.content}, "
+            f"content_positional={self.content_positional}, dropout={self.dropout}"
+            + (", hard=True" if self.hard else "")
+        )
 
     # ------------------------------------------------------------------ validation
 
     def _check_input(self, x: Tensor) -> tuple[int, int, int]:
         if not isinstance(x, Tensor):
-            raise TypeError(f"expected a torch.Tensor of shape (B, H, W, {self.dim}), got {type(x).__name__}")
+            raise TypeError(
+                f"expected a torch.Tensor of shape (B, H, W, {self.dim}), got {type(x).__name__}"
+            )
         if x.dim() != 4:
             raise ValueError(
                 f"expected input of shape (B, H, W, {self.dim}) (channels last), got shape {tuple(x.shape)}"
@@ -245,7 +260,9 @@ class MultiHeadSelfAttention2d(nn.Module):
             return scores.kron_factors(*self._positional_factors(height, width))
         return scores.softmax_without_subnormals(self._positional_logits(height, width))
 
-    def _factored_dropout_masks(self, height: int, width: int, like: Tensor) -> tuple[Tensor, Tensor]:
+    def _factored_dropout_masks(
+        self, height: int, width: int, like: Tensor
+    ) -> tuple[Tensor, Tensor]:
         """Row ``(heads, H, H)`` and column ``(heads, W, W)`` dropout masks, already rescaled."""
         keep = math.sqrt(1.0 - self.dropout)
         opts = {"device": like.device, "dtype": like.dtype}
@@ -316,11 +333,15 @@ class MultiHeadSelfAttention2d(nn.Module):
         probs = scores.softmax_without_subnormals(self._positional_logits(height, width))
         applied = probs
         if self._dropout_active:
-            applied = probs * scores.kron_factors(*self._factored_dropout_masks(height, width, probs))
+            applied = probs * scores.kron_factors(
+                *self._factored_dropout_masks(height, width, probs)
+            )
         v = self._values(x)  # (B, heads|1, H, W, d)
         d = v.shape[-1]
         # Pixels first, batch and channels as columns: one product per head over B·d columns.
-        v_cols = v.reshape(batch, v.shape[1], n, d).permute(1, 2, 0, 3).reshape(v.shape[1], n, batch * d)
+        v_cols = (
+            v.reshape(batch, v.shape[1], n, d).permute(1, 2, 0, 3).reshape(v.shape[1], n, batch * d)
+        )
         y = torch.matmul(applied.to(v.dtype), v_cols)  # (heads, N, B·d)
         y = y.view(self.heads, height, width, batch, d).permute(3, 0, 1, 2, 4)
         return self._project_out(y), probs
@@ -339,7 +360,9 @@ class MultiHeadSelfAttention2d(nn.Module):
         if self.positional is not None:
             bias = self._positional_logits(height, width).to(q.dtype)
         if self.content_positional:
-            cp = scores.content_positional_logits(q, self.row_embedding, self.col_embedding, height, width)
+            cp = scores.content_positional_logits(
+                q, self.row_embedding, self.col_embedding, height, width
+            )
             bias = cp if bias is None else bias + cp
         return q, k, bias
 
@@ -350,7 +373,9 @@ class MultiHeadSelfAttention2d(nn.Module):
         v = self._values(x).flatten(2, 3).expand(batch, self.heads, n, self.head_dim)
         if return_attention or k is None:
             probs = self._content_probs(q, k, bias)
-            applied = F.dropout(probs, self.dropout, self.training) if self._dropout_active else probs
+            applied = (
+                F.dropout(probs, self.dropout, self.training) if self._dropout_active else probs
+            )
             y = applied @ v
         else:
             probs = None
@@ -375,7 +400,9 @@ class MultiHeadSelfAttention2d(nn.Module):
         if self.position_only:
             if self.hard:
                 logits = None
-                probs = scores.kron_factors(*scores.hard_gaussian_factors(self.centers, height, width))
+                probs = scores.kron_factors(
+                    *scores.hard_gaussian_factors(self.centers, height, width)
+                )
             else:
                 logits = self._positional_logits(height, width)
                 probs = scores.softmax_without_subnormals(logits.expand(batch, self.heads, n, n))
@@ -389,7 +416,9 @@ class MultiHeadSelfAttention2d(nn.Module):
         else:
             q, k, bias = self._content_logits(x)
             probs = self._content_probs(q, k, bias)
-            applied = F.dropout(probs, self.dropout, self.training) if self._dropout_active else probs
+            applied = (
+                F.dropout(probs, self.dropout, self.training) if self._dropout_active else probs
+            )
         v = self._values(x).flatten(2, 3)  # (B, heads|1, N, d)
         y = applied.to(v.dtype) @ v  # (B, heads, N, d)
         return self._project_out(y.view(batch, self.heads, height, width, -1)), probs
@@ -405,7 +434,9 @@ class MultiHeadSelfAttention2d(nn.Module):
         of the covariance (``inf`` when singular, 1 for isotropic heads).
         """
         if self.positional not in ("gaussian", "gaussian_full"):
-            raise ValueError(f"head_geometry() needs a gaussian layer, got positional={self.positional!r}")
+            raise ValueError(
+                f"head_geometry() needs a gaussian layer, got positional={self.positional!r}"
+            )
         eye = torch.eye(2, dtype=self.spread.dtype, device=self.spread.device)
         if self.positional == "gaussian":
             precision = self.spread.square()[:, None, None] * eye
@@ -415,9 +446,12 @@ class MultiHeadSelfAttention2d(nn.Module):
         condition = eigenvalues[:, 1] / eigenvalues[:, 0]
         condition = torch.where(eigenvalues[:, 1] == 0, torch.ones_like(condition), condition)
         singular = eigenvalues[:, 0] == 0
-        safe = torch.where(singular[:, None, None], eye.double().expand_as(precision), precision.double())
-        covariance = torch.where(singular[:, None, None], torch.full_like(safe, math.inf),
-                                 torch.linalg.inv(safe))
+        safe = torch.where(
+            singular[:, None, None], eye.double().expand_as(precision), precision.double()
+        )
+        covariance = torch.where(
+            singular[:, None, None], torch.full_like(safe, math.inf), torch.linalg.inv(safe)
+        )
         return {
             "centers": self.centers.detach().clone(),
             "covariance": covariance.to(self.spread.dtype),
@@ -433,7 +467,9 @@ class MultiHeadSelfAttention2d(nn.Module):
         if keep_sorted[0] < 0 or keep_sorted[-1] >= self.heads:
             raise ValueError(f"head indices must be in [0, {self.heads}), got {list(keep)}")
         index = torch.tensor(keep_sorted, device=self.out.weight.device)
-        channels = (index[:, None] * self.head_dim + torch.arange(self.head_dim, device=index.device)).flatten()
+        channels = (
+            index[:, None] * self.head_dim + torch.arange(self.head_dim, device=index.device)
+        ).flatten()
         for name in ("centers", "spread", "positional_weight"):
             if hasattr(self, name):
                 setattr(self, name, nn.Parameter(getattr(self, name)[index].clone()))
@@ -445,7 +481,9 @@ class MultiHeadSelfAttention2d(nn.Module):
         self.heads = len(keep_sorted)
 
 
-def _select_linear(linear: nn.Linear, rows: Tensor | None = None, cols: Tensor | None = None) -> nn.Linear:
+def _select_linear(
+    linear: nn.Linear, rows: Tensor | None = None, cols: Tensor | None = None
+) -> nn.Linear:
     """A new ``Linear`` holding the chosen output rows / input columns of ``linear``'s weight."""
     weight = linear.weight
     if rows is not None:
@@ -455,8 +493,13 @@ def _select_linear(linear: nn.Linear, rows: Tensor | None = None, cols: Tensor |
     bias = linear.bias
     if bias is not None and rows is not None:
         bias = bias[rows]
-    new = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None,
-                    device=weight.device, dtype=weight.dtype)
+    new = nn.Linear(
+        weight.shape[1],
+        weight.shape[0],
+        bias=bias is not None,
+        device=weight.device,
+        dtype=weight.dtype,
+    )
     new.weight.copy_(weight)
     if bias is not None:
         new.bias.copy_(bias)

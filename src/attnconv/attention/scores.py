@@ -21,7 +21,9 @@ def relative_offsets(n: int, *, device: torch.device, dtype: torch.dtype) -> Ten
     return idx[None, :] - idx[:, None]
 
 
-def gaussian_factors(centers: Tensor, spread: Tensor, height: int, width: int) -> tuple[Tensor, Tensor]:
+def gaussian_factors(
+    centers: Tensor, spread: Tensor, height: int, width: int
+) -> tuple[Tensor, Tensor]:
     """Row and column logits of the isotropic quadratic score ``−½ s² ‖δ − Δ‖²``.
 
     Args:
@@ -49,8 +51,10 @@ def hard_gaussian_factors(centers: Tensor, height: int, width: int) -> tuple[Ten
 
 def _nearest_one_hot(center: Tensor, n: int) -> Tensor:
     """``(heads, n, n)``: for query ``q``, uniform over the keys ``k`` minimising ``(k−q−c)²``."""
-    dist = (relative_offsets(n, device=center.device, dtype=center.dtype)[None]
-            - center.detach()[:, None, None]).square()
+    dist = (
+        relative_offsets(n, device=center.device, dtype=center.dtype)[None]
+        - center.detach()[:, None, None]
+    ).square()
     nearest = (dist == dist.amin(dim=-1, keepdim=True)).to(center.dtype)
     return nearest / nearest.sum(dim=-1, keepdim=True)
 
@@ -67,7 +71,9 @@ def gaussian_full_logits(centers: Tensor, spread_matrix: Tensor, height: int, wi
     heads = centers.shape[0]
     opts = {"device": centers.device, "dtype": centers.dtype}
     precision = spread_matrix @ spread_matrix.transpose(-1, -2)
-    p00, p01, p11 = (precision[:, i, j].view(heads, 1, 1, 1, 1) for i, j in ((0, 0), (0, 1), (1, 1)))
+    p00, p01, p11 = (
+        precision[:, i, j].view(heads, 1, 1, 1, 1) for i, j in ((0, 0), (0, 1), (1, 1))
+    )
     # e1: (heads, H, 1, H, 1) row offsets minus centre; e2: (heads, 1, W, 1, W) column offsets.
     e1 = (relative_offsets(height, **opts)[None] - centers[:, 0, None, None])[:, :, None, :, None]
     e2 = (relative_offsets(width, **opts)[None] - centers[:, 1, None, None])[:, None, :, None, :]
@@ -91,8 +97,10 @@ def learned_factors(
     d_row = row_embedding.shape[1]
     row_table = row_embedding @ weight[:, :d_row].T  # (2M−1, heads)
     col_table = col_embedding @ weight[:, d_row:].T
-    return (_gather_offsets(row_table, height).permute(2, 0, 1),
-            _gather_offsets(col_table, width).permute(2, 0, 1))
+    return (
+        _gather_offsets(row_table, height).permute(2, 0, 1),
+        _gather_offsets(col_table, width).permute(2, 0, 1),
+    )
 
 
 def offset_index(n: int, table_size: int, device: torch.device) -> Tensor:
