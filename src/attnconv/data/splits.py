@@ -23,7 +23,9 @@ class ImageSet:
         if not isinstance(self.images, torch.Tensor) or self.images.dtype != torch.uint8:
             raise TypeError(f"ImageSet.images must be a uint8 tensor, got {_describe(self.images)}")
         if not isinstance(self.labels, torch.Tensor) or self.labels.dtype != torch.int64:
-            raise TypeError(f"ImageSet.labels must be an int64 tensor, got {_describe(self.labels)}")
+            raise TypeError(
+                f"ImageSet.labels must be an int64 tensor, got {_describe(self.labels)}"
+            )
         if self.images.dim() != 4:
             raise ValueError(
                 f"ImageSet.images must have shape (N, C, H, W), got {tuple(self.images.shape)}"
@@ -87,7 +89,9 @@ def validation_count(val_size: int | float, num_train: int) -> int:
     return val_size
 
 
-def carve_validation(train: ImageSet, val_size: int | float, seed: int) -> tuple[ImageSet, ImageSet]:
+def carve_validation(
+    train: ImageSet, val_size: int | float, seed: int
+) -> tuple[ImageSet, ImageSet]:
     """Split ``train`` into (train, val) with a random subset of ``val_size`` images.
 
     The subset is drawn by a permutation seeded with ``seed``; both parts keep the original order

@@ -1,0 +1,163 @@
+"""Fashion-MNIST: idx files written here byte by byte, the real Debian files, and downloads."""
+
+import functools
+import gzip
+import hashlib
+import http.server
+import struct
+import threading
+
+import numpy as np
+import pytest
+
+from attnconv.data import DownloadError, fashion_mnist, load_splits
+from attnconv.data.fashion_mnist import load_fashion_mnist, read_idx
+
+
+def idx_bytes(array):
+    """The idx encoding of a uint8 array: 0, 0, 0x08, ndim, big-endian sizes, values."""
+    header = bytes([0, 0, 0x08, array.ndim]) + b"".join(struct.pack(">I", d) for d in array.shape)
+    return header + array.astype(np.uint8).tobytes()
+
+
+def write_idx(path, array):
+    data = idx_bytes(array)
+    path.write_bytes(gzip.compress(data) if path.suffix == ".gz" else data)
+
+
+def write_fashion_folder(folder, n_train=7, n_test=3, seed=0, gz=True):
+    rng = np.random.default_rng(seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    arrays = {}
+    for prefix, n in (("train", n_train), ("t10k", n_test)):
+        arrays[f"{prefix}-images-idx3-ubyte"] = rng.integers(0, 256, (n, 28, 28), dtype=np.uint8)
+        arrays[f"{prefix}-labels-idx1-ubyte"] = rng.integers(0, 10, n, dtype=np.uint8)
+    for stem, array in arrays.items():
+        write_idx(folder / (f"{stem}.gz" if gz else stem), array)
+    return arrays
+
+
+@pytest.mark.parametrize("suffix", ["", ".gz"])
+def test_read_idx_round_trips_values(tmp_path, suffix):
+    images = np.random.default_rng(0).integers(0, 256, (5, 3, 4), dtype=np.uint8)
+    write_idx(tmp_path / f"images{suffix}", images)
+    out = read_idx(tmp_path / f"images{suffix}", 3)
+    assert out.shape == (5, 3, 4) and np.array_equal(out, images)
+    labels = np.array([3, 1, 4, 1, 5], dtype=np.uint8)
+    write_idx(tmp_path / f"labels{suffix}", labels)
+    assert read_idx(tmp_path / f"labels{suffix}", 1).tolist() == [3, 1, 4, 1, 5]
+
+
+def test_bad_magic_number_is_named(tmp_path):
+    path = tmp_path / "train-labels-idx1-ubyte"
+    write_idx(path, np.zeros((4, 2), dtype=np.uint8))  # 2-D: magic 0x00000802
+    with pytest.raises(ValueError, match=r"train-labels-idx1-ubyte: bad magic number 0x00000802"):
+        read_idx(path, 1)
+
+
+def test_truncated_idx_files_are_named(tmp_path):
+    raw = idx_bytes(np.zeros((3, 28, 28), dtype=np.uint8))
+    path = tmp_path / "t10k-images-idx3-ubyte"
+    path.write_bytes(raw[:-10])
+    with pytest.raises(ValueError, match=r"t10k-images-idx3-ubyte: truncated .*2352 values"):
+        read_idx(path, 3)
+    gz = tmp_path / "t10k-images-idx3-ubyte.gz"
+    gz.write_bytes(gzip.compress(raw)[:-20])
+    with pytest.raises(ValueError, match=r"t10k-images-idx3-ubyte\.gz: cannot read"):
+        read_idx(gz, 3)
+
+
+def test_real_debian_files(tmp_path):
+    # data_dir has no fashion-mnist/ folder: the system copy is used
+    train, test, classes = load_fashion_mnist(tmp_path, download=False)
+    assert train.images.shape == (60000, 1, 28, 28) and test.images.shape == (10000, 1, 28, 28)
+    # the published set is balanced, and its first images (train and test) are ankle boots
+    assert train.labels.bincount().tolist() == [6000] * 10
+    assert test.labels.bincount().tolist() == [1000] * 10
+    assert classes[train.labels[0]] == classes[test.labels[0]] == "Ankle boot"
+    with gzip.open(fashion_mnist.SYSTEM_DIR / "train-images-idx3-ubyte.gz") as f:
+        first = np.frombuffer(f.read(16 + 784)[16:], dtype=np.uint8).reshape(28, 28)
+    assert np.array_equal(train.images[0, 0].numpy(), first)
+    splits = load_splits("fashion-mnist", data_dir=tmp_path, download=False)
+    assert (len(splits.train), len(splits.val), len(splits.test)) == (55000, 5000, 10000)
+    assert splits.flip is True and splits.channels == 1 and splits.image_size == (28, 28)
+    pixels = splits.train.images.double() / 255
+    assert splits.mean[0] == pytest.approx(pixels.mean().item(), abs=1e-9)
+    assert splits.std[0] == pytest.approx(pixels.std(correction=0).item(), abs=1e-9)
+
+
+@pytest.mark.parametrize("gz", [True, False])
+def test_a_folder_in_data_dir_comes_first(tmp_path, gz):
+    arrays = write_fashion_folder(tmp_path / "fashion-mnist", gz=gz)
+    train, test, _ = load_fashion_mnist(tmp_path, download=False)
+    assert np.array_equal(train.images[:, 0].numpy(), arrays["train-images-idx3-ubyte"])
+    assert train.labels.tolist() == arrays["train-labels-idx1-ubyte"].tolist()
+    assert np.array_equal(test.images[:, 0].numpy(), arrays["t10k-images-idx3-ubyte"])
+
+
+def test_inconsistent_files_are_named(tmp_path):
+    folder = tmp_path / "fashion-mnist"
+    write_fashion_folder(folder)
+    write_idx(folder / "t10k-labels-idx1-ubyte.gz", np.zeros(4, dtype=np.uint8))
+    with pytest.raises(ValueError, match=r"t10k-labels-idx1-ubyte\.gz: 4 labels for 3 images"):
+        load_fashion_mnist(tmp_path, download=False)
+    write_idx(folder / "train-images-idx3-ubyte.gz", np.zeros((7, 27, 28), dtype=np.uint8))
+    with pytest.raises(ValueError, match=r"train-images-idx3-ubyte\.gz: images must be 28×28"):
+        load_fashion_mnist(tmp_path, download=False)
+
+
+class QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def served(tmp_path, monkeypatch):
+    """Fashion-MNIST .gz files served from 127.0.0.1 on a free port; the system copy hidden."""
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+    monkeypatch.setenv("no_proxy", "127.0.0.1")
+    root = tmp_path / "www"
+    arrays = write_fashion_folder(root)
+    server = http.server.ThreadingHTTPServer(
+        ("127.0.0.1", 0), functools.partial(QuietHandler, directory=str(root))
+    )
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05})
+    thread.start()
+    monkeypatch.setattr(fashion_mnist, "SYSTEM_DIR", tmp_path / "not-installed")
+    monkeypatch.setattr(fashion_mnist, "BASE_URL", f"http://127.0.0.1:{server.server_address[1]}/")
+    for name in fashion_mnist.MD5S:
+        monkeypatch.setitem(
+            fashion_mnist.MD5S, name, hashlib.md5((root / name).read_bytes()).hexdigest()
+        )
+    try:
+        yield arrays
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)
+
+
+def test_download_checks_each_file(tmp_path, served):
+    data_dir = tmp_path / "data"
+    train, _, _ = load_fashion_mnist(data_dir, download=True)
+    assert np.array_equal(train.images[:, 0].numpy(), served["train-images-idx3-ubyte"])
+    assert sorted(p.name for p in (data_dir / "fashion-mnist").iterdir()) == sorted(
+        fashion_mnist.MD5S
+    )
+
+
+def test_download_with_bad_checksum_keeps_nothing(tmp_path, served, monkeypatch):
+    monkeypatch.setitem(fashion_mnist.MD5S, "train-labels-idx1-ubyte.gz", "f" * 32)
+    data_dir = tmp_path / "data"
+    with pytest.raises(DownloadError, match=r"train-labels-idx1-ubyte\.gz but its MD5 .*by hand"):
+        load_fashion_mnist(data_dir, download=True)
+    assert "train-labels-idx1-ubyte.gz" not in {
+        p.name for p in (data_dir / "fashion-mnist").iterdir()
+    }
+    assert not list((data_dir / "fashion-mnist").glob("*.part"))
+
+
+def test_missing_files_without_download(tmp_path, monkeypatch):
+    monkeypatch.setattr(fashion_mnist, "SYSTEM_DIR", tmp_path / "not-installed")
+    with pytest.raises(FileNotFoundError, match=r"download is off.*dataset-fashion-mnist"):
+        load_fashion_mnist(tmp_path, download=False)
