@@ -6,6 +6,12 @@ Theorem 1 as exact conversion code, the paper's models and training recipe, and 
 """
 
 from attnconv.attention import MultiHeadSelfAttention2d
+from attnconv.convert import attention_to_conv, conv_to_attention, convert_model
 
-__all__ = ["MultiHeadSelfAttention2d"]
+__all__ = [
+    "MultiHeadSelfAttention2d",
+    "attention_to_conv",
+    "conv_to_attention",
+    "convert_model",
+]
 __version__ = "0.1.0"

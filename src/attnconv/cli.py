@@ -16,7 +16,9 @@ import argparse
 import importlib
 import sys
 
-COMMANDS: dict[str, str] = {}
+COMMANDS: dict[str, str] = {
+    "convert": "attnconv.convert.command",
+}
 
 
 class UsageError(Exception):

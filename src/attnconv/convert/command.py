@@ -1,0 +1,45 @@
+"""``attnconv convert``: check Theorem 1's construction numerically."""
+
+from __future__ import annotations
+
+import argparse
+
+HELP = "check the conv → attention construction: configuration battery (--check), spread sweep (--sweep)"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    mode = parser.add_mutually_exclusive_group(required=True)
+    mode.add_argument(
+        "--check",
+        action="store_true",
+        help="convert every configuration of the battery (kernel sizes, stride, dilation, padding, "
+        "groups, Conv1d) and compare forward and backward to the convolution in float64 and "
+        "float32; exit status 1 if any fails",
+    )
+    mode.add_argument(
+        "--sweep",
+        action="store_true",
+        help="error of the finite-spread construction against the convolution as s grows, and "
+        "the smallest s under --threshold",
+    )
+    parser.add_argument(
+        "--threshold",
+        type=float,
+        default=1e-6,
+        help="--sweep: target relative error (default 1e-6)",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random weights and inputs")
+
+
+def run(args: argparse.Namespace) -> int:
+    from attnconv.convert import check
+
+    if args.check:
+        results = check.run_battery(seed=args.seed)
+        print(check.format_battery(results))
+        failed = sum(not r.passed for r in results)
+        print(f"{len(results) - failed}/{len(results)} passed")
+        return 1 if failed else 0
+    result = check.spread_sweep(threshold=args.threshold, seed=args.seed)
+    print(check.format_sweep(result))
+    return 0
