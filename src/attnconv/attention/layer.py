@@ -310,6 +310,31 @@ class MultiHeadSelfAttention2d(nn.Module):
         y = y.permute(0, 2, 3, 1, 4).reshape(batch, height, width, heads * head_dim)
         return self.out(y)
 
+    def _values_pixels_first(self, x: Tensor, axis: int) -> Tensor:
+        """Values with one spatial axis first: ``(heads|1, L, rest)`` for a big matrix product.
+
+        ``axis=2`` gives ``(·, W, B·H·d)`` (columns first), ``axis=-1`` gives ``(·, H·W, B·d)``.
+        """
+        batch, height, width, _ = x.shape
+        if self.value is None:
+            v = x.unsqueeze(3)  # (B, H, W, 1, dim)
+        else:
+            v = self.value(x).view(batch, height, width, self.heads, self.head_dim)
+        if axis == 2:
+            return v.permute(3, 2, 0, 1, 4).reshape(v.shape[3], width, -1)
+        return v.permute(3, 1, 2, 0, 4).reshape(v.shape[3], height * width, -1)
+
+    @staticmethod
+    def _apply_per_head(probs: Tensor, values: Tensor) -> Tensor:
+        """``probs (heads, L, L) @ values (heads|1, L, M)`` → ``(heads, L, M)``.
+
+        Values shared by all heads become one ``(heads·L, L) @ (L, M)`` matrix product.
+        """
+        heads, length, _ = probs.shape
+        if values.shape[0] == 1:
+            return (probs.reshape(heads * length, length) @ values[0]).view(heads, length, -1)
+        return torch.bmm(probs, values)
+
     def _forward_separable(self, x: Tensor, return_attention: bool) -> tuple[Tensor, Tensor | None]:
         batch, height, width, _ = x.shape
         row, col = self._positional_factors(height, width)
@@ -317,34 +342,27 @@ class MultiHeadSelfAttention2d(nn.Module):
         if self._dropout_active:
             mask_row, mask_col = self._factored_dropout_masks(height, width, row)
             row, col = row * mask_row, col * mask_col
-        v = self._values(x)
-        row, col = row.to(v.dtype), col.to(v.dtype)
-        d = v.shape[-1]
-        # Columns: t[b, h, i, q2] = Σ_k2 col[h, q2, k2] v[b, h, i, k2]  (batched over b, h, i).
-        t = torch.matmul(col[:, None], v)  # (B, heads, H, W, d)
-        # Rows: y[b, h, q1] = Σ_k1 row[h, q1, k1] t[b, h, k1]  (one product over W·d columns).
-        y = torch.matmul(row, t.reshape(batch, self.heads, height, width * d))
-        return self._project_out(y.view(batch, self.heads, height, width, d)), probs
+        v = self._values_pixels_first(x, axis=2)  # (heads|1, W, B·H·d)
+        d = v.shape[-1] // (batch * height)
+        # Columns: t[h, q2, (b, k1, c)] = Σ_k2 col[h, q2, k2] v[h, k2, (b, k1, c)].
+        t = self._apply_per_head(col.to(v.dtype), v).view(self.heads, width, batch, height, d)
+        # Rows: y[h, q1, (q2, b, c)] = Σ_k1 row[h, q1, k1] t[h, k1, (q2, b, c)].
+        t = t.permute(0, 3, 1, 2, 4).reshape(self.heads, height, width * batch * d)
+        y = torch.bmm(row.to(v.dtype), t).view(self.heads, height, width, batch, d)
+        return self._project_out(y.permute(3, 0, 1, 2, 4)), probs
 
     def _forward_shared(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """Position-only, non-separable: one ``(heads, N, N)`` matrix applied to the whole batch."""
         batch, height, width, _ = x.shape
-        n = height * width
         probs = scores.softmax_without_subnormals(self._positional_logits(height, width))
         applied = probs
         if self._dropout_active:
-            applied = probs * scores.kron_factors(
-                *self._factored_dropout_masks(height, width, probs)
-            )
-        v = self._values(x)  # (B, heads|1, H, W, d)
-        d = v.shape[-1]
-        # Pixels first, batch and channels as columns: one product per head over B·d columns.
-        v_cols = (
-            v.reshape(batch, v.shape[1], n, d).permute(1, 2, 0, 3).reshape(v.shape[1], n, batch * d)
-        )
-        y = torch.matmul(applied.to(v.dtype), v_cols)  # (heads, N, B·d)
-        y = y.view(self.heads, height, width, batch, d).permute(3, 0, 1, 2, 4)
-        return self._project_out(y), probs
+            mask = scores.kron_factors(*self._factored_dropout_masks(height, width, probs))
+            applied = probs * mask
+        v = self._values_pixels_first(x, axis=-1)  # (heads|1, N, B·d)
+        d = v.shape[-1] // batch
+        y = self._apply_per_head(applied.to(v.dtype), v).view(self.heads, height, width, batch, d)
+        return self._project_out(y.permute(3, 0, 1, 2, 4)), probs
 
     def _content_logits(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
         """Query ``(B, heads, N, d)``, key ``(B, heads, N, d)`` or None, and the bias logits."""
