@@ -30,8 +30,9 @@ standalone ``MultiHeadSelfAttention2d`` (``attention_to_conv`` reads it back).
 Speed: with hard attention the module applies the layer's one-hot factors as shifted slices of the
 padded input (each head's keys sit at a constant offset from its queries) for the queried pixels
 only, instead of the layer's ``H×H`` and ``W×W`` products over every pixel; the result is the
-same since each factor row holds a single exact 1 (checked each forward; otherwise, and with a
-finite spread, the layer's own forward runs). Either way there is no ``N×N`` matrix.
+same since each factor row holds a single exact 1 (checked each forward; otherwise, with a finite
+spread, or with ``attention.impl = "dense"``, the layer's own forward runs). Only the dense
+reference builds an ``N×N`` matrix.
 """
 
 from __future__ import annotations
@@ -229,7 +230,7 @@ class AttentionConv(nn.Module):
         concatenated head outputs. Returns None (use the layer's forward) otherwise.
         """
         layer = self.attention
-        if not layer.hard or (layer.training and layer.dropout > 0):
+        if not layer.hard or layer.impl != "auto" or (layer.training and layer.dropout > 0):
             return None
         row, col = hard_gaussian_factors(layer.centers, x.shape[2], x.shape[3])
         row_max, row_key = row.index_select(1, rows).max(dim=-1)  # (heads, H_out)
