@@ -62,6 +62,7 @@ def offset_probabilities(layer: MultiHeadSelfAttention2d, height: int, width: in
 
 def head_mixing(layer: MultiHeadSelfAttention2d) -> Tensor:
     """``M_h = W^h_out W^h_val``, ``(heads, Dout, Din)``: how head ``h`` maps input to output channels."""
+    _check_type(layer)
     heads, head_dim = layer.heads, layer.head_dim
     out = layer.out.weight.view(layer.out_dim, heads, head_dim).transpose(0, 1)
     if layer.value is None:
@@ -71,6 +72,7 @@ def head_mixing(layer: MultiHeadSelfAttention2d) -> Tensor:
 
 def effective_bias(layer: MultiHeadSelfAttention2d) -> Tensor:
     """``(Dout,)``: the output bias plus each head's value bias through its output block."""
+    _check_type(layer)
     bias = (
         layer.out.bias if layer.out.bias is not None else layer.out.weight.new_zeros(layer.out_dim)
     )
@@ -106,6 +108,7 @@ def attention_to_conv(
         return _conv_kernel(layer, height, width)
     if height is None or width is None:
         raise ValueError("attention_to_conv(layer, H, W) needs the image size H and W")
+    _check_layer(layer, height, width)
     kernel = torch.einsum(
         "hoi,huv->oiuv", head_mixing(layer), offset_probabilities(layer, height, width)
     )
@@ -163,9 +166,13 @@ def _nearest(distance: Tensor) -> Tensor:
     return nearest / nearest.sum(dim=-1, keepdim=True)
 
 
-def _check_layer(layer: object, height: int, width: int) -> None:
+def _check_type(layer: object) -> None:
     if not isinstance(layer, MultiHeadSelfAttention2d):
         raise TypeError(f"expected a MultiHeadSelfAttention2d, got {type(layer).__name__}")
+
+
+def _check_layer(layer: object, height: int, width: int) -> None:
+    _check_type(layer)
     if not layer.position_only:
         raise ValueError(
             "the effective convolution needs a position-only layer (no content scores); this "
