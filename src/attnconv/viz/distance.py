@@ -1,0 +1,141 @@
+"""Attention distance: how far from the query a head looks (the locality measure of ConViT).
+
+For a head with probabilities ``P[q, k]`` the distance of query ``q`` is ``Σ_k P[q, k] ‖k − q‖``
+(Euclidean, in tokens of the grid the layer sees); a head's attention distance is its mean over
+all queries. A convolution-like head attending to the token at offset ``Δ`` has distance ``‖Δ‖``
+away from the borders.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from matplotlib.figure import Figure
+from torch import Tensor
+
+from attnconv.viz.maps import AttentionMaps
+from attnconv.viz.style import head_color, new_figure
+
+
+def pairwise_distances(grid: tuple[int, int], dtype: torch.dtype = torch.float64) -> Tensor:
+    """``(N, N)`` Euclidean distances ``‖k − q‖`` between the tokens of ``grid = (h, w)``."""
+    h, w = grid
+    rows = torch.arange(h, dtype=dtype).repeat_interleave(w)
+    cols = torch.arange(w, dtype=dtype).repeat(h)
+    return torch.hypot(rows[:, None] - rows[None, :], cols[:, None] - cols[None, :])
+
+
+def distance_map(probs: Tensor, grid: tuple[int, int]) -> Tensor:
+    """Expected distance to the attended token for every query: ``(heads, N, N)`` → ``(heads, h, w)``."""
+    n = grid[0] * grid[1]
+    if probs.dim() != 3 or probs.shape[1:] != (n, n):
+        raise ValueError(
+            f"probs must be (heads, {n}, {n}) for a {grid[0]}x{grid[1]} grid, "
+            f"got shape {tuple(probs.shape)}"
+        )
+    expected = (probs.double().cpu() * pairwise_distances(grid)).sum(dim=-1)
+    return expected.reshape(probs.shape[0], *grid)
+
+
+def attention_distance(probs: Tensor, grid: tuple[int, int]) -> Tensor:
+    """Mean over queries of the expected distance, per head: ``(heads, N, N)`` → ``(heads,)`` tokens."""
+    return distance_map(probs, grid).flatten(1).mean(dim=1)
+
+
+def layer_distances(maps: AttentionMaps) -> list[Tensor]:
+    """Attention distance of every head of every layer: one ``(heads,)`` tensor per layer."""
+    return [attention_distance(p, maps.grid) for p in maps.probs]
+
+
+def add_distances(rows: list[dict[str, Any]], distances: Sequence[Tensor]) -> list[dict[str, Any]]:
+    """Rows of a head table (keys ``layer``, ``head``) with ``attention_distance`` filled in.
+
+    ``rows=[]`` gives one row per head holding only ``layer``, ``head`` and the distance.
+    """
+    if not rows:
+        rows = [
+            {"layer": layer, "head": head}
+            for layer, d in enumerate(distances)
+            for head in range(d.shape[0])
+        ]
+    return [
+        {**row, "attention_distance": float(distances[row["layer"]][row["head"]])} for row in rows
+    ]
+
+
+HEAD_COLUMNS: dict[str, tuple[str, str]] = {
+    "layer": ("layer", "{:d}"),
+    "head": ("head", "{:d}"),
+    "center_row": ("center_row", "{:.3f}"),
+    "center_col": ("center_col", "{:.3f}"),
+    "spread": ("spread", "{:.4f}"),
+    "condition_number": ("condition", "{:.3g}"),
+    "degenerate": ("degenerate", "{}"),
+    "attention_distance": ("distance", "{:.3f}"),
+}
+
+
+def format_head_table(rows: Sequence[dict[str, Any]]) -> str:
+    """The head table as right-aligned text, one line per head, with the ``HEAD_COLUMNS``
+    present in ``rows`` (``distance`` is the attention distance in tokens)."""
+    if not rows:
+        raise ValueError("no heads to tabulate")
+    keys = [key for key in HEAD_COLUMNS if key in rows[0]]
+    headers = [HEAD_COLUMNS[key][0] for key in keys]
+    cells = [[HEAD_COLUMNS[key][1].format(_value(row[key])) for key in keys] for row in rows]
+    widths = [max(len(headers[i]), *(len(line[i]) for line in cells)) for i in range(len(keys))]
+    return "\n".join(
+        " ".join(text.rjust(width) for text, width in zip(line, widths, strict=True))
+        for line in [headers, *cells]
+    )
+
+
+def _value(value: Any) -> Any:
+    return ("yes" if value else "no") if isinstance(value, bool) else value
+
+
+def distance_figure(distances: Sequence[Tensor], stem: int = 1, title: str | None = None) -> Figure:
+    """Attention distance of each head (a dot in its colour) against the layer, with the mean of
+    each layer as a black line. ``stem`` > 1 adds a right axis in input pixels."""
+    fig = new_figure(6.0, 4.0)
+    ax = fig.subplots()
+    layers = np.arange(len(distances))
+    offsets = np.linspace(-0.25, 0.25, max(d.shape[0] for d in distances))
+    labelled: set[int] = set()
+    for layer, d in enumerate(distances):
+        for head, value in enumerate(d.tolist()):
+            ax.scatter(
+                layer + offsets[head],
+                value,
+                color=head_color(head),
+                s=28,
+                edgecolors="black",
+                linewidths=0.4,
+                zorder=3,
+                label=None if head in labelled else f"head {head}",
+            )
+            labelled.add(head)
+    ax.plot(
+        layers,
+        [float(d.mean()) for d in distances],
+        color="black",
+        marker="_",
+        markersize=16,
+        linewidth=1,
+        label="layer mean",
+        zorder=2,
+    )
+    ax.set_xticks(layers)
+    ax.set_xlabel("layer")
+    ax.set_ylabel("attention distance (tokens)")
+    ax.set_ylim(bottom=0)
+    ax.grid(axis="y", color="0.9")
+    if stem > 1:
+        secondary = ax.secondary_yaxis("right", functions=(lambda d: d * stem, lambda p: p / stem))
+        secondary.set_ylabel("input pixels")
+    fig.legend(fontsize=7, loc="outside right upper", frameon=False)
+    ax.set_title(title or "Mean distance between query and attended tokens, per head", fontsize=10)
+    return fig

@@ -1,0 +1,280 @@
+"""Attention probabilities of a model's layers, and the layer × head grid of maps for one query.
+
+Everything here works on the *token grid* ``h × w`` the attention layers see (``image / stem`` for
+the image transformer). Pixels are ``(row, col)``, row-major: token ``(r, c)`` has index ``r·w + c``.
+Layers and heads are numbered from 0, as in ``attnconv heads``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from matplotlib.figure import Figure
+from matplotlib.patches import Rectangle
+from torch import Tensor, nn
+
+from attnconv.attention import MultiHeadSelfAttention2d
+from attnconv.viz.style import MAP_CMAP, new_figure
+
+# Images per forward when averaging a content model's attention over many images.
+CHUNK = 8
+
+
+@dataclass
+class AttentionMaps:
+    """Attention probabilities of every layer on an ``h × w`` token grid.
+
+    Attributes:
+        probs: one tensor per layer, ``(heads, N, N)`` with ``N = h·w`` (rows are queries, each
+            sums to one); layers may have different head counts (pruned models).
+        grid: ``(h, w)``.
+        description: what the probabilities are, e.g. ``"position-only"`` or
+            ``"mean over 16 images"``; used in figure titles.
+        stem: input pixels per token side (1 when the layers see the image directly).
+    """
+
+    probs: list[Tensor]
+    grid: tuple[int, int]
+    description: str
+    stem: int = 1
+
+    def query_maps(self, query: tuple[int, int]) -> list[Tensor]:
+        """Attention of every head to every key for one query token: per layer ``(heads, h, w)``."""
+        h, w = self.grid
+        index = query_index(query, self.grid)
+        return [p[:, index, :].reshape(p.shape[0], h, w) for p in self.probs]
+
+
+def query_index(query: tuple[int, int], grid: tuple[int, int]) -> int:
+    """Row-major index of token ``query = (row, col)`` on ``grid = (h, w)``; ValueError outside."""
+    if len(query) != 2:
+        raise ValueError(f"a query is a (row, col) pair, got {query!r}")
+    row, col = (int(v) for v in query)
+    h, w = grid
+    if not (0 <= row < h and 0 <= col < w):
+        raise ValueError(f"query {(row, col)} lies outside the {h}x{w} token grid")
+    return row * w + col
+
+
+def default_query(grid: tuple[int, int]) -> tuple[int, int]:
+    """The token at the centre of the grid (rounded down)."""
+    return grid[0] // 2, grid[1] // 2
+
+
+def attention_layers(
+    source: nn.Module | Sequence[MultiHeadSelfAttention2d],
+) -> list[MultiHeadSelfAttention2d]:
+    """The attention layers of ``source``: a model with ``attention_layers()``, one
+    ``MultiHeadSelfAttention2d``, or a sequence of them."""
+    if isinstance(source, MultiHeadSelfAttention2d):
+        return [source]
+    if hasattr(source, "attention_layers"):
+        layers = list(source.attention_layers())
+    elif isinstance(source, Sequence) and not isinstance(source, str):
+        layers = list(source)
+    else:
+        raise TypeError(
+            "expected a model with attention_layers(), a MultiHeadSelfAttention2d or a list of "
+            f"them, got {type(source).__name__}"
+        )
+    if not layers:
+        raise ValueError(f"{type(source).__name__} has no attention layers")
+    for layer in layers:
+        if not isinstance(layer, MultiHeadSelfAttention2d):
+            raise TypeError(f"expected MultiHeadSelfAttention2d layers, got {type(layer).__name__}")
+    return layers
+
+
+def token_grid(source: object, image_size: tuple[int, int]) -> tuple[int, int]:
+    """The grid the attention layers see for an input of ``image_size = (H, W)``: the model's
+    ``token_grid(H, W)`` when it has one, else ``image_size`` itself (bare layers)."""
+    if len(image_size) != 2 or min(int(s) for s in image_size) < 1:
+        raise ValueError(f"image_size must be a (height, width) pair, got {image_size!r}")
+    if hasattr(source, "token_grid"):
+        return tuple(int(s) for s in source.token_grid(int(image_size[0]), int(image_size[1])))
+    return int(image_size[0]), int(image_size[1])
+
+
+def is_position_only(source: nn.Module | Sequence[MultiHeadSelfAttention2d]) -> bool:
+    """True when every attention layer's probabilities depend on positions only."""
+    return all(layer.position_only for layer in attention_layers(source))
+
+
+@torch.no_grad()
+def compute_attention(
+    source: nn.Module | Sequence[MultiHeadSelfAttention2d],
+    image_size: tuple[int, int],
+    images: Tensor | None = None,
+) -> AttentionMaps:
+    """Attention probabilities of every layer of ``source`` for inputs of ``image_size = (H, W)``.
+
+    Position-only layers need no images (their attention is the same for every image; ``images``
+    is not used). Models with content scores need ``images``, float ``(B, C, H, W)`` in ``[0, 1]``,
+    and return the mean of the probabilities over the ``B`` images; ``source`` must then be a
+    model whose ``forward(x, return_attention=True)`` returns ``(logits, [probs per layer])``.
+    """
+    layers = attention_layers(source)
+    grid = token_grid(source, image_size)
+    stem = int(getattr(source, "stem", 1))
+    if all(layer.position_only for layer in layers):
+        probs = [layer.attention_probs(*grid).float().cpu() for layer in layers]
+        return AttentionMaps(probs, grid, "position-only", stem)
+    if images is None:
+        raise ValueError(
+            "this model's attention depends on the image (content scores): pass images "
+            "(B, C, H, W) in [0, 1]"
+        )
+    if not isinstance(source, nn.Module) or not hasattr(source, "attention_layers"):
+        raise ValueError(
+            "attention with content scores needs the whole model (its layers' inputs depend on "
+            "the image); pass the model, not its layers"
+        )
+    if not isinstance(images, Tensor) or images.dim() != 4 or not images.is_floating_point():
+        raise ValueError(
+            "images must be a float tensor (B, C, H, W) in [0, 1], got "
+            + (
+                f"shape {tuple(images.shape)} {images.dtype}"
+                if isinstance(images, Tensor)
+                else type(images).__name__
+            )
+        )
+    if tuple(images.shape[2:]) != (int(image_size[0]), int(image_size[1])):
+        raise ValueError(
+            f"images are {images.shape[2]}x{images.shape[3]} but image_size is {tuple(image_size)}"
+        )
+    device = next(source.parameters()).device
+    was_training = source.training
+    source.eval()
+    try:
+        sums: list[Tensor] | None = None
+        for start in range(0, images.shape[0], CHUNK):
+            _, batch_probs = source(images[start : start + CHUNK].to(device), return_attention=True)
+            chunk_sums = [p.double().sum(dim=0).cpu() for p in batch_probs]
+            sums = (
+                chunk_sums
+                if sums is None
+                else [a + b for a, b in zip(sums, chunk_sums, strict=True)]
+            )
+    finally:
+        source.train(was_training)
+    count = images.shape[0]
+    description = "one image" if count == 1 else f"mean over {count} images"
+    return AttentionMaps([(s / count).float() for s in sums], grid, description, stem)
+
+
+def window_limits(center: int, radius: int | None, size: int) -> tuple[float, float]:
+    """Axis limits (pixel edges) of the window ``center ± radius`` clipped to ``[0, size)``."""
+    if radius is None:
+        return -0.5, size - 0.5
+    return max(center - radius, 0) - 0.5, min(center + radius, size - 1) + 0.5
+
+
+def map_grid_figure(
+    maps: AttentionMaps,
+    query: tuple[int, int] | None = None,
+    window: int | None = None,
+    image: Tensor | None = None,
+    title: str | None = None,
+) -> Figure:
+    """Layer × head grid of attention maps for one query token.
+
+    Each map shows a head's probabilities over the key tokens, on its own colour scale from 0 to
+    its maximum (printed in the corner); the query token is outlined. ``window`` zooms every map
+    to the tokens within ``window`` rows and columns of the query. ``image`` (``(C, H, W)`` in
+    ``[0, 1]``) is drawn in an extra first column with the query's pixels outlined.
+    """
+    query = default_query(maps.grid) if query is None else query
+    query_index(query, maps.grid)
+    if window is not None and window < 0:
+        raise ValueError(f"window must be a non-negative number of tokens, got {window}")
+    per_layer = maps.query_maps(query)
+    heads = max(m.shape[0] for m in per_layer)
+    columns = heads + (image is not None)
+    fig = new_figure(1.25 * columns + 0.6, 1.25 * len(per_layer) + 0.8)
+    axes = fig.subplots(len(per_layer), columns, squeeze=False)
+    h, w = maps.grid
+    row_limits = window_limits(query[0], window, h)
+    col_limits = window_limits(query[1], window, w)
+    for layer, layer_maps in enumerate(per_layer):
+        first = int(image is not None)
+        if image is not None and layer == 0:
+            _draw_image(axes[0, 0], image, query, maps.stem)
+        elif image is not None:
+            axes[layer, 0].set_axis_off()
+        for head in range(heads):
+            ax = axes[layer, first + head]
+            if head >= layer_maps.shape[0]:
+                ax.set_axis_off()
+                continue
+            values = layer_maps[head].numpy()
+            peak = float(values.max())
+            ax.imshow(
+                values,
+                cmap=MAP_CMAP,
+                vmin=0.0,
+                vmax=peak if peak > 0 else 1.0,
+                interpolation="nearest",
+            )
+            ax.add_patch(
+                Rectangle(
+                    (query[1] - 0.5, query[0] - 0.5),
+                    1,
+                    1,
+                    fill=False,
+                    edgecolor="white",
+                    linewidth=1.2,
+                )
+            )
+            ax.set_xlim(*col_limits)
+            ax.set_ylim(row_limits[1], row_limits[0])
+            ax.text(
+                0.97,
+                0.03,
+                f"{peak:.2f}",
+                transform=ax.transAxes,
+                ha="right",
+                va="bottom",
+                fontsize=6,
+                color="white",
+            )
+            ax.set_xticks([])
+            ax.set_yticks([])
+            if layer == 0:
+                ax.set_title(f"head {head}", fontsize=9)
+            if head == 0:
+                ax.set_ylabel(f"layer {layer}", fontsize=9)
+    zoom = "" if window is None else f", window ±{window}"
+    fig.suptitle(
+        title
+        or f"Attention of each head to the key tokens, query token {tuple(query)} "
+        f"({maps.description}{zoom}; colour scale 0 to the max printed in each map)",
+        fontsize=10,
+    )
+    return fig
+
+
+def _draw_image(ax, image: Tensor, query: tuple[int, int], stem: int) -> None:
+    """The input image with the input pixels of the query token outlined."""
+    pixels = image.detach().float().cpu().clamp(0, 1)
+    if pixels.dim() != 3:
+        raise ValueError(f"image must be (C, H, W), got shape {tuple(pixels.shape)}")
+    array = pixels.permute(1, 2, 0).numpy()
+    if array.shape[2] == 1:
+        ax.imshow(array[:, :, 0], cmap="gray", vmin=0, vmax=1, interpolation="nearest")
+    else:
+        ax.imshow(array, interpolation="nearest")
+    ax.add_patch(
+        Rectangle(
+            (query[1] * stem - 0.5, query[0] * stem - 0.5),
+            stem,
+            stem,
+            fill=False,
+            edgecolor="#EE7733",
+            linewidth=1.5,
+        )
+    )
+    ax.set_xticks([])
+    ax.set_yticks([])
+    ax.set_title("image", fontsize=9)
