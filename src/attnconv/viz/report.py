@@ -1,0 +1,204 @@
+"""Runs side by side: accuracy against epoch, and a summary table in the style of the paper's Table 1.
+
+Reads the RUN folder written by ``attnconv train``: ``config.json``, ``metrics.jsonl`` (one JSON
+object per epoch) and, once the run has finished, ``summary.json``. Accuracies are fractions in
+``[0, 1]`` on disk and percentages in the table and the figure.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+
+from attnconv.viz.style import head_color, new_figure
+
+
+@dataclass
+class Run:
+    """One training run: its folder, resolved config, per-epoch metrics and (if finished) summary."""
+
+    path: Path
+    config: dict[str, Any]
+    metrics: list[dict[str, Any]]
+    summary: dict[str, Any] | None
+
+    @property
+    def name(self) -> str:
+        """The run folder's name."""
+        return self.path.name
+
+    @property
+    def preset(self) -> str:
+        return str((self.summary or {}).get("preset", self.config.get("preset", "?")))
+
+    @property
+    def dataset(self) -> str:
+        return str((self.summary or {}).get("dataset", self.config.get("dataset", "?")))
+
+
+def load_run(run_dir: str | Path) -> Run:
+    """Read a run folder; FileNotFoundError without ``metrics.jsonl``, ValueError on bad JSON."""
+    path = Path(run_dir)
+    if not path.is_dir():
+        raise FileNotFoundError(f"run directory {str(path)!r} does not exist")
+    metrics_path = path / "metrics.jsonl"
+    if not metrics_path.is_file():
+        raise FileNotFoundError(f"{str(path)!r} has no metrics.jsonl: not an attnconv run folder")
+    metrics = []
+    for number, line in enumerate(metrics_path.read_text().splitlines(), start=1):
+        if line.strip():
+            metrics.append(_parse_json(line, f"{metrics_path}:{number}"))
+    config_path, summary_path = path / "config.json", path / "summary.json"
+    config = _parse_json(config_path.read_text(), str(config_path)) if config_path.is_file() else {}
+    summary = (
+        _parse_json(summary_path.read_text(), str(summary_path)) if summary_path.is_file() else None
+    )
+    return Run(path, config, metrics, summary)
+
+
+def _parse_json(text: str, where: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{where}: not valid JSON ({err})") from err
+    if not isinstance(value, dict):
+        raise ValueError(f"{where}: expected a JSON object, got {type(value).__name__}")
+    return value
+
+
+def summary_row(run: Run) -> dict[str, Any]:
+    """Table-1 numbers of a run (``None`` where unknown): ``run``, ``preset``, ``dataset``,
+    ``epochs`` (trained so far), ``parameters``, ``macs_per_image``, ``best_val_acc``,
+    ``best_epoch``, ``test_acc``, ``train_time_s``.
+
+    From ``summary.json`` when the run has finished; for a run in progress the best validation
+    accuracy and its epoch come from ``metrics.jsonl`` and the training time is the sum of the
+    epochs' ``epoch_time_s``.
+    """
+    summary = run.summary or {}
+    scored = [m for m in run.metrics if m.get("val_acc") is not None]
+    best = max(scored, key=lambda m: m["val_acc"]) if scored else None
+    train_time = summary.get("train_time_s")
+    if train_time is None and run.metrics and all("epoch_time_s" in m for m in run.metrics):
+        train_time = sum(m["epoch_time_s"] for m in run.metrics)
+    return {
+        "run": run.name,
+        "preset": run.preset,
+        "dataset": run.dataset,
+        "epochs": max((int(m["epoch"]) for m in run.metrics), default=0),
+        "parameters": summary.get("parameters"),
+        "macs_per_image": summary.get("macs_per_image"),
+        "best_val_acc": summary.get("best_val_acc", best["val_acc"] if best else None),
+        "best_epoch": summary.get("best_epoch", best["epoch"] if best else None),
+        "test_acc": summary.get("test_acc"),
+        "train_time_s": train_time,
+    }
+
+
+TABLE_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("run", "run"),
+    ("preset", "preset"),
+    ("dataset", "dataset"),
+    ("epochs", "epochs"),
+    ("parameters", "params (M)"),
+    ("macs_per_image", "MACs (G)"),
+    ("best_val_acc", "best val (%)"),
+    ("best_epoch", "at epoch"),
+    ("test_acc", "test (%)"),
+    ("train_time_s", "train time"),
+)
+
+
+def format_cell(key: str, value: Any) -> str:
+    """How the table prints ``value`` of column ``key`` (``-`` when unknown)."""
+    if value is None:
+        return "-"
+    if key == "parameters":
+        return f"{value / 1e6:.2f}"
+    if key == "macs_per_image":
+        return f"{value / 1e9:.3f}"
+    if key in ("best_val_acc", "test_acc"):
+        return f"{100 * value:.2f}"
+    if key == "train_time_s":
+        return format_duration(value)
+    return str(value)
+
+
+def format_duration(seconds: float) -> str:
+    """``h:mm:ss`` (hours unbounded)."""
+    total = round(seconds)
+    return f"{total // 3600}:{total % 3600 // 60:02d}:{total % 60:02d}"
+
+
+def format_summary_table(rows: Sequence[dict[str, Any]]) -> str:
+    """The summary rows as aligned text (markdown pipe table)."""
+    headers = [header for _, header in TABLE_COLUMNS]
+    cells = [[format_cell(key, row[key]) for key, _ in TABLE_COLUMNS] for row in rows]
+    widths = [max(len(headers[i]), *(len(line[i]) for line in cells)) for i in range(len(headers))]
+
+    def line(values: Sequence[str]) -> str:
+        return "| " + " | ".join(v.rjust(w) for v, w in zip(values, widths, strict=True)) + " |"
+
+    rule = "|" + "|".join("-" * (w + 1) + ":" for w in widths) + "|"
+    return "\n".join([line(headers), rule, *(line(c) for c in cells)])
+
+
+def report_figure(runs: Sequence[Run], title: str | None = None) -> Figure:
+    """Validation accuracy (%) against epoch, one line per run in its own colour; a run's test
+    accuracy, when known, is a star at its last epoch. Each run's line has gid ``"val-{i}"`` and
+    its star ``"test-{i}"``."""
+    if not runs:
+        raise ValueError("no runs to plot")
+    fig = new_figure(7.5, 4.5)
+    ax = fig.subplots()
+    for index, run in enumerate(runs):
+        color = head_color(index)
+        points = [
+            (m["epoch"], 100 * m["val_acc"]) for m in run.metrics if m.get("val_acc") is not None
+        ]
+        label = f"{run.name} ({run.preset})"
+        if points:
+            epochs, accuracy = zip(*points, strict=True)
+            (line,) = ax.plot(epochs, accuracy, color=color, linewidth=1.5, label=label)
+            line.set_gid(f"val-{index}")
+        test = (run.summary or {}).get("test_acc")
+        if test is not None and math.isfinite(test):
+            last = max(int(m["epoch"]) for m in run.metrics) if run.metrics else 0
+            (star,) = ax.plot(
+                [last],
+                [100 * test],
+                marker="*",
+                markersize=12,
+                color=color,
+                markeredgecolor="black",
+                linestyle="none",
+                label=None if points else label,
+            )
+            star.set_gid(f"test-{index}")
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("accuracy (%)")
+    ax.grid(color="0.9")
+    handles, _ = ax.get_legend_handles_labels()
+    handles += [
+        Line2D([], [], color="0.3", label="validation"),
+        Line2D(
+            [],
+            [],
+            color="0.3",
+            marker="*",
+            markersize=10,
+            markeredgecolor="black",
+            linestyle="none",
+            label="test (end of run)",
+        ),
+    ]
+    ax.legend(handles=handles, fontsize=8, loc="lower right")
+    ax.set_title(title or "Accuracy against epoch", fontsize=11)
+    return fig

@@ -1,0 +1,174 @@
+"""Gaussian attention centres over training, read from a run's ``checkpoints/epoch_*.pt``.
+
+Only the ``centers`` parameters of the saved state dicts are read (``torch.load(mmap=True)``), so
+no model is rebuilt and the rest of each checkpoint stays on disk.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.patches import Rectangle
+
+from attnconv.viz.style import QUERY_COLOR, head_color, new_figure
+
+CENTERS_SUFFIX = "centers"
+CHECKPOINT_FORMAT = "attnconv-checkpoint"
+
+
+@dataclass
+class CenterTrajectories:
+    """Centres of every Gaussian head at several epochs.
+
+    Attributes:
+        epochs: the checkpoints' epochs, increasing.
+        centers: one array per Gaussian layer, ``(epochs, heads, 2)`` offsets ``Δ`` (row, col)
+            in tokens.
+        layer_names: state-dict names of the layers' ``centers`` parameters.
+        paths: the checkpoint files, in epoch order.
+    """
+
+    epochs: list[int]
+    centers: list[np.ndarray]
+    layer_names: list[str]
+    paths: list[Path]
+
+
+def epoch_checkpoints(run_dir: str | Path) -> list[Path]:
+    """The ``RUN_DIR/checkpoints/epoch_*.pt`` files, sorted by name (= epoch)."""
+    run = Path(run_dir)
+    if not run.is_dir():
+        raise FileNotFoundError(f"run directory {str(run)!r} does not exist")
+    paths = sorted((run / "checkpoints").glob("epoch_*.pt"))
+    if not paths:
+        raise FileNotFoundError(
+            f"no checkpoints/epoch_*.pt in {str(run)!r}: train with checkpoint_every set to "
+            "keep per-epoch checkpoints"
+        )
+    return paths
+
+
+def load_center_trajectories(run_dir: str | Path) -> CenterTrajectories:
+    """Centres of every Gaussian head at each epoch checkpoint of ``run_dir``."""
+    paths = epoch_checkpoints(run_dir)
+    records = []
+    for path in paths:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        if not isinstance(checkpoint, dict) or checkpoint.get("format") != CHECKPOINT_FORMAT:
+            raise ValueError(f"{str(path)!r} is not an attnconv checkpoint")
+        state = checkpoint["model"]
+        names = [name for name in state if name.rsplit(".", 1)[-1] == CENTERS_SUFFIX]
+        if not names:
+            raise ValueError(
+                f"{str(path)!r} has no Gaussian attention centres (preset "
+                f"{checkpoint.get('preset')!r}); trajectories need a Gaussian model"
+            )
+        centers = [state[name].detach().double().numpy().copy() for name in names]
+        records.append((int(checkpoint["epoch"]), names, centers, path))
+    records.sort(key=lambda record: record[0])
+    first_names, first_shapes = records[0][1], [c.shape for c in records[0][2]]
+    for epoch, names, centers, path in records[1:]:
+        if names != first_names or [c.shape for c in centers] != first_shapes:
+            raise ValueError(
+                f"{str(path)!r} (epoch {epoch}) has different attention heads than "
+                f"{str(records[0][3])!r}; a trajectory needs the same heads in every checkpoint"
+            )
+    return CenterTrajectories(
+        epochs=[record[0] for record in records],
+        centers=[
+            np.stack([record[2][layer] for record in records]) for layer in range(len(first_names))
+        ],
+        layer_names=first_names,
+        paths=[record[3] for record in records],
+    )
+
+
+def trajectory_figure(trajectories: CenterTrajectories, title: str | None = None) -> Figure:
+    """One panel per layer: each head's centre ``Δ`` over the epochs, relative to the query.
+
+    Head ``h`` is a line in ``head_color(h)`` through its centres (column offset on x, row offset on
+    y, rows downward), an open circle at the first epoch and a filled one at the last; the query
+    token is the black square at the origin. Each head's line has gid ``"layer{l}-head{h}"``.
+    """
+    layers = len(trajectories.centers)
+    columns = min(layers, 3)
+    rows = -(-layers // columns)
+    fig = new_figure(3.6 * columns, 3.6 * rows + 0.9)
+    axes = fig.subplots(rows, columns, squeeze=False).ravel()
+    extent = max(1.5, float(max(np.abs(c).max() for c in trajectories.centers)) + 0.7)
+    for layer, centers in enumerate(trajectories.centers):
+        ax = axes[layer]
+        ax.add_patch(Rectangle((-0.5, -0.5), 1, 1, color=QUERY_COLOR, zorder=2))
+        for head in range(centers.shape[1]):
+            color = head_color(head)
+            row, col = centers[:, head, 0], centers[:, head, 1]
+            (line,) = ax.plot(
+                col, row, color=color, linewidth=1.5, marker=".", markersize=4, zorder=3
+            )
+            line.set_gid(f"layer{layer}-head{head}")
+            ax.plot(
+                col[0],
+                row[0],
+                "o",
+                markerfacecolor="white",
+                markeredgecolor=color,
+                markersize=6,
+                zorder=4,
+            )
+            ax.plot(col[-1], row[-1], "o", color=color, markersize=6, zorder=4)
+            ax.annotate(
+                str(head),
+                (col[-1], row[-1]),
+                textcoords="offset points",
+                xytext=(4, 4),
+                fontsize=7,
+                color=color,
+                fontweight="bold",
+            )
+        ax.set_xlim(-extent, extent)
+        ax.set_ylim(extent, -extent)
+        ax.set_aspect("equal")
+        ticks = np.arange(-np.floor(extent), np.floor(extent) + 1)
+        ax.set_xticks(ticks, minor=True)
+        ax.set_yticks(ticks, minor=True)
+        ax.grid(which="both", color="0.9", linewidth=0.5)
+        ax.set_title(f"layer {layer}", fontsize=10)
+        ax.set_xlabel("column offset (tokens)", fontsize=8)
+        ax.set_ylabel("row offset (tokens)", fontsize=8)
+        ax.tick_params(labelsize=7)
+    for ax in axes[layers:]:
+        ax.set_axis_off()
+    handles = [
+        Line2D(
+            [],
+            [],
+            marker="o",
+            markerfacecolor="white",
+            markeredgecolor="0.3",
+            linestyle="none",
+            label=f"epoch {trajectories.epochs[0]}",
+        ),
+        Line2D(
+            [],
+            [],
+            marker="o",
+            color="0.3",
+            linestyle="none",
+            label=f"epoch {trajectories.epochs[-1]}",
+        ),
+        Line2D([], [], color=QUERY_COLOR, marker="s", linestyle="none", label="query token"),
+    ]
+    fig.legend(handles=handles, loc="outside lower center", ncol=3, fontsize=8, frameon=False)
+    fig.suptitle(
+        title
+        or f"Gaussian attention centres over training, epochs "
+        f"{trajectories.epochs[0]}–{trajectories.epochs[-1]} "
+        f"({len(trajectories.epochs)} checkpoints)",
+        fontsize=11,
+    )
+    return fig

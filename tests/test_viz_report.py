@@ -1,0 +1,137 @@
+"""Run reports: table numbers and plotted curves equal what the run folders hold."""
+
+import json
+import re
+
+import numpy as np
+import pytest
+
+from attnconv.cli import main
+from attnconv.viz.report import format_summary_table, load_run, report_figure, summary_row
+from viz_helpers import write_run
+
+
+def metrics(val_accs, times):
+    return [
+        {
+            "epoch": e + 1,
+            "step": 10 * (e + 1),
+            "lr": 0.1,
+            "train_loss": 1.0,
+            "train_acc": 0.5,
+            "val_loss": 1.0,
+            "val_acc": acc,
+            "epoch_time_s": t,
+            "images_per_s": 100.0,
+        }
+        for e, (acc, t) in enumerate(zip(val_accs, times, strict=True))
+    ]
+
+
+@pytest.fixture
+def runs(tmp_path):
+    finished = write_run(
+        tmp_path / "attention",
+        metrics([0.41, 0.63, 0.6187], [10.0, 11.0, 12.0]),
+        {
+            "preset": "quadratic",
+            "dataset": "cifar10",
+            "parameters": 12_130_000,
+            "macs_per_image": 2_345_678_901,
+            "best_val_acc": 0.63,
+            "best_epoch": 2,
+            "test_acc": 0.6234,
+            "test_loss": 1.1,
+            "train_time_s": 3725.4,
+            "images_per_s": 90.0,
+        },
+        {"preset": "quadratic", "dataset": "cifar10"},
+    )
+    running = write_run(
+        tmp_path / "resnet",
+        metrics([0.5, 0.7123, 0.7], [20.0, 21.5, 19.2]),
+        None,
+        {"preset": "resnet18", "dataset": "cifar10"},
+    )
+    return finished, running
+
+
+def parse_table(text):
+    lines = [line for line in text.splitlines() if line.startswith("|")]
+    header = [cell.strip() for cell in lines[0].strip("|").split("|")]
+    return [
+        dict(zip(header, (c.strip() for c in line.strip("|").split("|")), strict=True))
+        for line in lines[2:]
+    ]
+
+
+def test_summary_numbers_come_from_the_run_files(runs):
+    finished, running = runs
+    rows = [summary_row(load_run(finished)), summary_row(load_run(running))]
+    summary = json.loads((finished / "summary.json").read_text())
+    for key in (
+        "parameters",
+        "macs_per_image",
+        "best_val_acc",
+        "best_epoch",
+        "test_acc",
+        "train_time_s",
+    ):
+        assert rows[0][key] == summary[key]
+    # a run without summary.json: best validation accuracy and time from metrics.jsonl
+    assert rows[1]["best_val_acc"] == 0.7123 and rows[1]["best_epoch"] == 2
+    assert rows[1]["train_time_s"] == pytest.approx(60.7)
+    assert rows[1]["test_acc"] is None and rows[1]["preset"] == "resnet18"
+    table = parse_table(format_summary_table(rows))
+    assert table[0] == {
+        "run": "attention",
+        "preset": "quadratic",
+        "dataset": "cifar10",
+        "epochs": "3",
+        "params (M)": "12.13",
+        "MACs (G)": "2.346",
+        "best val (%)": "63.00",
+        "at epoch": "2",
+        "test (%)": "62.34",
+        "train time": "1:02:05",
+    }
+    assert table[1]["best val (%)"] == "71.23" and table[1]["test (%)"] == "-"
+    assert table[1]["train time"] == "0:01:01"
+
+
+def test_report_figure_draws_each_runs_curve_and_test_star(runs):
+    loaded = [load_run(path) for path in runs]
+    ax = report_figure(loaded).axes[0]
+    lines = {line.get_gid(): line for line in ax.lines if line.get_gid()}
+    assert set(lines) == {"val-0", "val-1", "test-0"}
+    for index, run in enumerate(loaded):
+        np.testing.assert_allclose(lines[f"val-{index}"].get_xdata(), [1, 2, 3])
+        np.testing.assert_allclose(
+            lines[f"val-{index}"].get_ydata(), [100 * m["val_acc"] for m in run.metrics]
+        )
+    np.testing.assert_allclose(lines["test-0"].get_xydata(), [[3, 62.34]])
+
+
+def test_report_cli_prints_the_table_and_writes_figures(runs, tmp_path, capsys):
+    out = tmp_path / "report"
+    assert main(["report", str(runs[0]), str(runs[1]), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    table = parse_table(printed)
+    assert [row["best val (%)"] for row in table] == ["63.00", "71.23"]
+    assert (out / "summary.md").read_text().strip() == format_summary_table(
+        [summary_row(load_run(path)) for path in runs]
+    )
+    for suffix, magic in ((".png", b"\x89PNG"), (".pdf", b"%PDF")):
+        assert (out / f"report{suffix}").read_bytes().startswith(magic)
+
+
+def test_bad_run_folders(tmp_path, capsys):
+    assert main(["report", str(tmp_path / "missing")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    (tmp_path / "empty").mkdir()
+    assert main(["report", str(tmp_path / "empty")]) == 2
+    assert "no metrics.jsonl" in capsys.readouterr().err
+    write_run(tmp_path / "broken", [], None, {})
+    (tmp_path / "broken" / "metrics.jsonl").write_text('{"epoch": 1,\n')
+    with pytest.raises(ValueError, match=re.escape("metrics.jsonl:1: not valid JSON")):
+        load_run(tmp_path / "broken")
