@@ -1,0 +1,108 @@
+"""``attnconv train``: train a preset, resume a run, or fine-tune a pruned checkpoint.
+
+    attnconv train --preset quadratic --dataset cifar10 [--epochs N] [--out RUN_DIR] [key=value ...]
+    attnconv train --resume RUN_DIR
+    attnconv train --preset quadratic-generalized-pruned --init RUN_DIR/checkpoints/best.pt
+    torchrun --nproc_per_node 4 -m attnconv train --preset quadratic ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from attnconv.train.config import TrainConfig
+
+HELP = "train a preset (from scratch, resumed exactly, or fine-tuned from a checkpoint)"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "overrides", nargs="*", metavar="KEY=VALUE",
+        help="override any config value (lr=0.05, grad_clip=1, checkpoint_every=5, ...) or a "
+        "model argument (model.hidden=128, model.dropout=0); an unknown key lists the valid ones",
+    )
+    parser.add_argument("--preset", help="the model and recipe (see `attnconv models`)")
+    parser.add_argument("--dataset", help="cifar10, cifar100, fashion-mnist or digits "
+                        "(default: the preset's)")
+    parser.add_argument("--data-dir", help="where datasets live (default $ATTNCONV_DATA or "
+                        "~/.cache/attnconv)")
+    parser.add_argument("--out", help="the run folder (default runs/PRESET-DATASET-TIME)")
+    parser.add_argument("--epochs", help="training length (default: the preset's)")
+    parser.add_argument("--precision", choices=("fp32", "bf16"), help="bf16: autocast to "
+                        "bfloat16 (default fp32)")
+    parser.add_argument("--compile", action="store_true", help="torch.compile the model")
+    parser.add_argument("--device", help="auto (CUDA if available), cpu, cuda or cuda:N")
+    parser.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR exactly "
+                        "where its last checkpoint left it")
+    parser.add_argument("--init", metavar="CHECKPOINT", help="fine-tune this checkpoint after "
+                        "pruning its degenerate heads (preset quadratic-generalized-pruned)")
+
+
+def _flag_overrides(args: argparse.Namespace) -> list[str]:
+    pairs = [("data_dir", args.data_dir), ("epochs", args.epochs),
+             ("precision", args.precision), ("device", args.device), ("init", args.init)]
+    overrides = [f"{key}={value}" for key, value in pairs if value is not None]
+    if args.compile:
+        overrides.append("compile=true")
+    return overrides + list(args.overrides)
+
+
+def _resume_settings(args: argparse.Namespace) -> tuple[TrainConfig, Path]:
+    from attnconv.cli import UsageError
+    from attnconv.train.config import load_config
+    from attnconv.train.loop import checkpoint_dir
+
+    run_dir = Path(args.resume)
+    given = [name for name in ("dataset", "out", "init") if getattr(args, name) is not None]
+    if _flag_overrides(args) or given:
+        raise UsageError(
+            "--resume continues a run with its saved config (RUN_DIR/config.json); it takes no "
+            "other options or key=value overrides"
+        )
+    if not run_dir.is_dir():
+        raise FileNotFoundError(f"run folder {run_dir} does not exist")
+    last = checkpoint_dir(run_dir) / "last.pt"
+    if not last.is_file():
+        raise FileNotFoundError(f"{run_dir} has no checkpoint to resume from (no {last})")
+    config = load_config(run_dir / "config.json")
+    if args.preset is not None and args.preset != config.preset:
+        raise ValueError(
+            f"{run_dir} is a run of preset {config.preset!r}, not {args.preset!r}"
+        )
+    return config, run_dir
+
+
+def run(args: argparse.Namespace) -> int:
+    from attnconv.cli import UsageError
+    from attnconv.models import PRESETS
+    from attnconv.train.checkpoint import load_checkpoint
+    from attnconv.train.config import resolve_config
+    from attnconv.train.loop import NonFiniteLossError, checkpoint_dir, train
+
+    if args.resume is not None:
+        config, run_dir = _resume_settings(args)
+    else:
+        if args.preset is None:
+            raise UsageError(f"give --preset (one of {', '.join(PRESETS)}) or --resume RUN_DIR")
+        dataset = args.dataset
+        if dataset is None and args.init is not None:
+            dataset = load_checkpoint(args.init)["dataset"]
+        config = resolve_config(args.preset, dataset, _flag_overrides(args))
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        run_dir = Path(args.out or Path("runs") / f"{config.preset}-{config.dataset}-{stamp}")
+        if (checkpoint_dir(run_dir) / "last.pt").exists():
+            raise ValueError(
+                f"{run_dir} already holds a run; continue it with --resume {run_dir} or give "
+                f"another --out"
+            )
+    try:
+        train(config, run_dir, resume=args.resume is not None)
+    except NonFiniteLossError as err:
+        print(f"attnconv train: stopped: {err}", file=sys.stderr)
+        return 1
+    return 0

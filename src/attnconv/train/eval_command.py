@@ -1,0 +1,43 @@
+"""``attnconv eval CHECKPOINT``: accuracy and loss of a trained model on a dataset split."""
+
+from __future__ import annotations
+
+import argparse
+
+HELP = "accuracy and cross-entropy of a checkpoint on its dataset's test (or validation) split"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("checkpoint", help="a checkpoint written by `attnconv train`")
+    parser.add_argument("--dataset", help="the dataset (default: the one it was trained on)")
+    parser.add_argument("--data-dir", help="where datasets live")
+    parser.add_argument("--split", choices=("test", "val"), default="test",
+                        help="val: the validation images carved exactly as during training")
+    parser.add_argument("--batch-size", type=int, default=500, help="images per forward")
+    parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
+    parser.add_argument("--device", default="auto", help="auto (CUDA if available), cpu or cuda")
+
+
+def run(args: argparse.Namespace) -> int:
+    from attnconv.data import BatchLoader, load_splits
+    from attnconv.train.checkpoint import load_model
+    from attnconv.train.distributed import select_device
+    from attnconv.train.loop import check_data_fits, evaluation_sums
+
+    if args.batch_size < 1:
+        raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}")
+    device = select_device(args.device)
+    model, checkpoint = load_model(args.checkpoint, map_location=device)
+    dataset = args.dataset or checkpoint["dataset"]
+    config = checkpoint.get("config", {})
+    data = load_splits(dataset, args.data_dir, config.get("val_size"), seed=config.get("seed", 0))
+    check_data_fits(checkpoint["model_config"], data, f"checkpoint {args.checkpoint}")
+    images = data.test if args.split == "test" else data.val
+    loader = BatchLoader(images, args.batch_size, device=device, train=False, flip=False)
+    loss_sum, correct, seen = evaluation_sums(model, loader, args.precision)
+    print(
+        f"{args.checkpoint} ({checkpoint['preset']}, epoch {checkpoint.get('epoch', '?')}) on "
+        f"{dataset} {args.split} ({int(seen)} images): accuracy {correct / seen:.4f} "
+        f"({int(correct)}/{int(seen)}), loss {loss_sum / seen:.4f}"
+    )
+    return 0

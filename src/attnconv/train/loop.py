@@ -1,0 +1,467 @@
+"""The training loop: SGD with the preset's schedule, validation-based model selection, exact resume.
+
+``train(config, run_dir)`` runs one job (one process, or every rank of a ``torchrun`` launch)::
+
+    for epoch in epochs:
+        for batch in this rank's shards:  lr ← schedule(step); SGD step (DDP averages gradients)
+            every checkpoint_steps steps: checkpoints/last.pt (mid-epoch, resumable)
+        validate → metrics.jsonl, TensorBoard, checkpoints/last.pt, best.pt, epoch_NNNN.pt
+    test the best (validation) checkpoint → summary.json
+
+Everything random is a function of the config's seed and the position in training (data order and
+augmentation: ``BatchLoader``; dropout: the torch RNG, saved in every checkpoint), so on a CPU a
+run resumed from any checkpoint ends with exactly the weights of an uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import sys
+import time
+from contextlib import AbstractContextManager, nullcontext
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from tqdm import tqdm
+
+from attnconv.data import BatchLoader, DataSplits, load_splits
+from attnconv.models import PRESETS, count_macs, count_parameters, create_model
+from attnconv.train import distributed
+from attnconv.train.checkpoint import (
+    build_model,
+    load_checkpoint,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+)
+from attnconv.train.config import TrainConfig, save_config
+from attnconv.train.logger import RunLogger, write_json
+from attnconv.train.schedule import LRSchedule, build_schedule
+
+CHECK_EVERY = 10  # steps between loss-finiteness checks and progress-bar updates
+
+
+class NonFiniteLossError(RuntimeError):
+    """The training loss became NaN or infinite; the run stopped without saving that state."""
+
+
+def checkpoint_dir(run_dir: Path) -> Path:
+    return Path(run_dir) / "checkpoints"
+
+
+def train(config: TrainConfig, run_dir: str | Path, resume: bool = False) -> dict[str, Any]:
+    """Train (or, with ``resume``, continue) the run in ``run_dir``; returns the summary dict.
+
+    Joins the ``torchrun`` process group when launched by it. Raises NonFiniteLossError if the
+    loss diverges (``checkpoints/last.pt`` then still holds the last finite state).
+    """
+    context = distributed.setup(config.device)
+    try:
+        return Trainer(config, Path(run_dir), context, resume).fit()
+    finally:
+        distributed.teardown()
+
+
+def _dropout_seed(seed: int, rank: int) -> int:
+    digest = hashlib.sha256(f"dropout,{seed},{rank}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1
+
+
+def data_model_config(data: DataSplits) -> dict[str, Any]:
+    """The ``create_model`` arguments a dataset fixes."""
+    return {
+        "num_classes": data.num_classes,
+        "in_channels": data.channels,
+        "image_size": tuple(data.image_size),
+        "mean": tuple(data.mean),
+        "std": tuple(data.std),
+    }
+
+
+def check_data_fits(model_config: dict[str, Any], data: DataSplits, source: str) -> None:
+    """ValueError if a checkpoint's model does not take ``data``'s images or classes."""
+    expected = data_model_config(data)
+    for key in ("num_classes", "in_channels"):
+        if model_config.get(key) != expected[key]:
+            raise ValueError(
+                f"{source} has {key}={model_config.get(key)}, but dataset {data.name!r} has "
+                f"{expected[key]}: use the dataset the model was trained on"
+            )
+
+
+def autocast(precision: str, device: torch.device) -> AbstractContextManager:
+    """``torch.autocast`` to bfloat16 for ``precision="bf16"`` (CPU or GPU), else nothing."""
+    if precision == "bf16":
+        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    return nullcontext()
+
+
+@torch.no_grad()
+def evaluation_sums(model: nn.Module, loader: BatchLoader, precision: str = "fp32") -> list[float]:
+    """``[summed cross-entropy, correct predictions, images]`` of ``model`` over ``loader``.
+
+    The model is run in eval mode (and put back in its previous mode).
+    """
+    was_training = model.training
+    model.eval()
+    totals = torch.zeros(3, dtype=torch.float64, device=loader.device)
+    for images, labels in loader.epoch(0):
+        with autocast(precision, loader.device):
+            logits = model(images)
+        totals += torch.stack([
+            F.cross_entropy(logits.float(), labels, reduction="sum").double(),
+            (logits.argmax(dim=1) == labels).sum().double(),
+            torch.tensor(float(labels.shape[0]), dtype=torch.float64, device=loader.device),
+        ])
+    model.train(was_training)
+    return totals.tolist()
+
+
+class Trainer:
+    """One training job; see the module docstring. ``fit()`` runs it."""
+
+    def __init__(self, config: TrainConfig, run_dir: Path, context: distributed.Context,
+                 resume: bool) -> None:
+        self.config, self.run_dir, self.context = config, run_dir, context
+        self.device = context.device
+        self.checkpoints = checkpoint_dir(run_dir)
+        resumed = load_checkpoint(self.checkpoints / "last.pt") if resume else None
+        if resumed is not None and resumed["preset"] != config.preset:
+            raise ValueError(
+                f"{self.checkpoints / 'last.pt'} is a checkpoint of preset "
+                f"{resumed['preset']!r}, but the run's config says {config.preset!r}"
+            )
+        self.data = self._load_data()
+
+        torch.manual_seed(config.seed)  # the same initial weights on every rank
+        model, self.model_config = self._build_model(resumed)
+        self.model = model.to(self.device)
+        torch.manual_seed(_dropout_seed(config.seed, context.rank))
+
+        if context.distributed and self.device.type == "cuda":
+            self.model = nn.SyncBatchNorm.convert_sync_batchnorm(self.model)
+        self.optimizer = self._build_optimizer()
+        self.forward_model: nn.Module = self.model
+        if context.distributed:
+            self.forward_model = nn.parallel.DistributedDataParallel(
+                self.model, device_ids=[self.device] if self.device.type == "cuda" else None
+            )
+        if config.compile:
+            self.forward_model = torch.compile(self.forward_model)
+
+        self.pad = config.pad
+        if self.pad is None:
+            self.pad = math.ceil(max(self.data.image_size) / 8)
+        loader_args = {"device": self.device, "rank": context.rank,
+                       "world_size": context.world_size}
+        self.train_loader = BatchLoader(
+            self.data.train, config.batch_size, train=True, flip=self.data.flip, pad=self.pad,
+            seed=config.seed, **loader_args,
+        )
+        self.val_loader = BatchLoader(
+            self.data.val, config.batch_size, train=False, flip=False, **loader_args
+        )
+        self.steps_per_epoch = len(self.train_loader)
+        self.schedule: LRSchedule = build_schedule(
+            config.schedule, config.lr, config.epochs, self.steps_per_epoch,
+            config.warmup_fraction, config.milestones,
+        )
+
+        self.epoch, self.step = 0, 0
+        self.metrics: list[dict[str, Any]] = []
+        self.progress = {"loss_sum": 0.0, "correct": 0.0, "seen": 0.0}
+        if resumed is not None:
+            self._restore(resumed)
+        self.logger = RunLogger(run_dir, config.epochs, context.is_main, config.tensorboard)
+
+    # ------------------------------------------------------------------ set-up
+
+    def _load_data(self) -> DataSplits:
+        """Load the dataset (one download per machine: local rank 0 first)."""
+        config, context = self.config, self.context
+
+        def load() -> DataSplits:
+            return load_splits(config.dataset, config.data_dir, config.val_size, seed=config.seed)
+
+        if context.local_rank != 0:
+            distributed.barrier()
+        data = load()
+        if context.local_rank == 0:
+            distributed.barrier()
+        return data
+
+    def _build_model(self, resumed: dict[str, Any] | None) -> tuple[nn.Module, dict[str, Any]]:
+        config = self.config
+        if resumed is not None:
+            check_data_fits(resumed["model_config"], self.data, str(self.checkpoints / "last.pt"))
+            return build_model(resumed), dict(resumed["model_config"])
+        if config.init is None:
+            model_config = {**config.model, **data_model_config(self.data)}
+            return create_model(config.preset, **model_config), model_config
+        return self._pruned_init_model()
+
+    def _pruned_init_model(self) -> tuple[nn.Module, dict[str, Any]]:
+        """The ``--init`` checkpoint's model with its degenerate heads pruned."""
+        from attnconv.models.heads import prune_degenerate_heads
+
+        config = self.config
+        init = load_checkpoint(config.init)
+        source = PRESETS.get(init["preset"])
+        target = PRESETS[config.preset]
+        same_architecture = source is not None and source.model == target.model and {
+            k: v for k, v in source.model_kwargs.items() if k != "heads"
+        } == {k: v for k, v in target.model_kwargs.items() if k != "heads"}
+        if not same_architecture:
+            compatible = [
+                name for name, p in PRESETS.items()
+                if p.model == target.model and p.model_kwargs == target.model_kwargs
+                and name != config.preset
+            ]
+            raise ValueError(
+                f"{config.init} is a checkpoint of preset {init['preset']!r}; preset "
+                f"{config.preset!r} fine-tunes a model of preset {' or '.join(compatible)}"
+            )
+        if init["dataset"] != config.dataset:
+            raise ValueError(
+                f"{config.init} was trained on {init['dataset']!r}, not on {config.dataset!r}"
+            )
+        check_data_fits(init["model_config"], self.data, str(config.init))
+        model_config = {**init["model_config"], **config.model}
+        model = create_model(config.preset, **model_config)
+        try:
+            model.load_state_dict(init["model"])
+        except RuntimeError as err:
+            raise ValueError(
+                f"the weights in {config.init} do not fit the model with overrides "
+                f"{config.model}: {str(err).splitlines()[0]}"
+            ) from err
+        summary = prune_degenerate_heads(model)
+        if self.context.is_main:
+            tqdm.write(f"{config.init}: {summary}")
+        return model, {**model_config, "heads": list(summary.heads)}
+
+    def _build_optimizer(self) -> torch.optim.SGD:
+        no_decay = self.model.no_weight_decay_parameters()
+        named = list(self.model.named_parameters())
+        groups = [
+            {"params": [p for n, p in named if n not in no_decay],
+             "weight_decay": self.config.weight_decay},
+            {"params": [p for n, p in named if n in no_decay], "weight_decay": 0.0},
+        ]
+        return torch.optim.SGD(groups, lr=self.config.lr, momentum=self.config.momentum)
+
+    def _restore(self, checkpoint: dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(checkpoint["optimizer"])
+        self.epoch, self.step = int(checkpoint["epoch"]), int(checkpoint["step"])
+        self.metrics = list(checkpoint["metrics"])
+        states = checkpoint["rng"]
+        if self.context.rank < len(states):
+            set_rng_state(states[self.context.rank])
+        progress = checkpoint.get("epoch_progress")
+        if progress is not None and self.context.is_main:  # sums over all ranks, held by rank 0
+            self.progress = dict(progress)
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def _gathered_rng(self) -> list[dict[str, Any]]:
+        state = rng_state()
+        if not self.context.distributed:
+            return [state]
+        states: list[Any] = [None] * self.context.world_size
+        dist.all_gather_object(states, state)
+        return states
+
+    def _checkpoint(self, epoch_progress: dict[str, float] | None) -> dict[str, Any]:
+        return {
+            "preset": self.config.preset,
+            "dataset": self.config.dataset,
+            "model_config": self.model_config,
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.schedule.state_dict(),
+            "rng": self._gathered_rng(),
+            "epoch": self.epoch,
+            "step": self.step,
+            "config": self.config.to_dict(),
+            "metrics": self.metrics,
+            "epoch_progress": epoch_progress,
+        }
+
+    def _save(self, checkpoint: dict[str, Any], *names: str) -> None:
+        if self.context.is_main:
+            for name in names:
+                save_checkpoint(checkpoint, self.checkpoints / name)
+
+    # ------------------------------------------------------------------ loop
+
+    def _autocast(self) -> AbstractContextManager:
+        return autocast(self.config.precision, self.device)
+
+    def _check_finite(self, sums: torch.Tensor) -> float:
+        """The (all-rank) mean training loss so far this epoch; NonFiniteLossError if not finite."""
+        loss_sum, seen = distributed.all_reduce_sum(sums[:1].tolist() + sums[2:].tolist(),
+                                                    self.device)
+        loss = loss_sum / max(seen, 1.0)
+        if not math.isfinite(loss):
+            last = self.checkpoints / "last.pt"
+            kept = f"the last good checkpoint is {last}" if last.exists() else "no checkpoint saved"
+            raise NonFiniteLossError(
+                f"training loss is {loss} at epoch {self.epoch + 1}, step {self.step}; stopping "
+                f"({kept}). Try a lower lr, grad_clip=1, or precision=fp32."
+            )
+        return loss
+
+    def _train_epoch(self) -> dict[str, float]:
+        """One (possibly resumed) epoch of SGD; returns its train loss/accuracy and timing."""
+        config, epoch = self.config, self.epoch
+        start_batch = self.step - epoch * self.steps_per_epoch
+        # Running sums on this rank: (loss · images, correct, images); rank 0 starts from the
+        # all-rank sums of a mid-epoch checkpoint.
+        sums = torch.tensor([self.progress["loss_sum"], self.progress["correct"],
+                             self.progress["seen"]], dtype=torch.float64, device=self.device)
+        global_batch = config.batch_size
+        bar = tqdm(
+            total=self.steps_per_epoch * global_batch, initial=start_batch * global_batch,
+            unit="img", unit_scale=True, desc=f"epoch {epoch + 1}/{config.epochs}",
+            disable=not (self.context.is_main and config.progress), leave=False,
+            file=sys.stderr, dynamic_ncols=True,
+        )
+        self.forward_model.train()
+        started = time.perf_counter()
+        for images, labels in self.train_loader.epoch(epoch, start_batch):
+            lr = self.schedule(self.step)
+            for group in self.optimizer.param_groups:
+                group["lr"] = lr
+            with self._autocast():
+                logits = self.forward_model(images)
+                loss = F.cross_entropy(logits, labels)
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            if config.grad_clip is not None:
+                nn.utils.clip_grad_norm_(self.model.parameters(), config.grad_clip)
+            self.optimizer.step()
+            self.step += 1
+            with torch.no_grad():
+                count = labels.shape[0]
+                sums += torch.stack([
+                    loss.detach().double() * count,
+                    (logits.argmax(dim=1) == labels).sum().double(),
+                    torch.tensor(float(count), dtype=torch.float64, device=self.device),
+                ])
+            bar.update(global_batch)
+            in_epoch = self.step - epoch * self.steps_per_epoch
+            last_batch = in_epoch == self.steps_per_epoch
+            mid_checkpoint = (config.checkpoint_steps > 0 and not last_batch
+                              and self.step % config.checkpoint_steps == 0)
+            if mid_checkpoint or in_epoch % CHECK_EVERY == 0:
+                running = self._check_finite(sums)
+                bar.set_postfix(loss=f"{running:.4f}", lr=f"{lr:.3g}")
+                self.logger.step(self.step, running, lr)
+            if mid_checkpoint:
+                totals = distributed.all_reduce_sum(sums.tolist(), self.device)
+                progress = dict(zip(("loss_sum", "correct", "seen"), totals, strict=True))
+                self._save(self._checkpoint(progress), "last.pt")
+        bar.close()
+        self._check_finite(sums)
+        elapsed = time.perf_counter() - started
+        loss_sum, correct, seen = distributed.all_reduce_sum(sums.tolist(), self.device)
+        self.progress = {"loss_sum": 0.0, "correct": 0.0, "seen": 0.0}
+        done = (self.steps_per_epoch - start_batch) * global_batch
+        return {
+            "lr": self.schedule(self.step - 1),
+            "train_loss": loss_sum / seen,
+            "train_acc": correct / seen,
+            "epoch_time_s": elapsed,
+            "images_per_s": done / elapsed,
+        }
+
+    def evaluate(
+        self, loader: BatchLoader, model: nn.Module, all_ranks: bool = True
+    ) -> tuple[float, float]:
+        """``(mean cross-entropy, accuracy)`` of ``model`` on ``loader``'s images.
+
+        ``all_ranks``: the loader is sharded and the sums are reduced over every rank; else this
+        rank evaluates alone.
+        """
+        sums = evaluation_sums(model, loader, self.config.precision)
+        if all_ranks:
+            sums = distributed.all_reduce_sum(sums, self.device)
+        loss_sum, correct, seen = sums
+        return loss_sum / seen, correct / seen
+
+    def fit(self) -> dict[str, Any]:
+        config, logger = self.config, self.logger
+        if self.context.is_main:
+            self.checkpoints.mkdir(parents=True, exist_ok=True)
+            save_config(config, self.run_dir / "config.json")
+        logger.metrics(self.metrics)
+        logger.print(
+            f"{config.preset} on {config.dataset}: {count_parameters(self.model):,} parameters, "
+            f"{self.steps_per_epoch} steps/epoch of {config.batch_size} images, device "
+            f"{self.device} x{self.context.world_size}, precision {config.precision}"
+            + (f"; resuming at epoch {self.epoch + 1}, step {self.step}" if self.step else "")
+        )
+        best = max(self.metrics, key=lambda r: r["val_acc"], default=None)
+        try:
+            while self.epoch < config.epochs:
+                record = self._train_epoch()
+                val_loss, val_acc = self.evaluate(self.val_loader, self.model)
+                self.epoch += 1
+                record = {"epoch": self.epoch, "step": self.step, **record,
+                          "val_loss": val_loss, "val_acc": val_acc}
+                record = {k: record[k] for k in (
+                    "epoch", "step", "lr", "train_loss", "train_acc", "val_loss", "val_acc",
+                    "epoch_time_s", "images_per_s")}
+                self.metrics.append(record)
+                logger.epoch(record, self.model, self.data.image_size)
+                names = ["last.pt"]
+                if best is None or val_acc > best["val_acc"]:
+                    best = record
+                    names.append("best.pt")
+                if config.checkpoint_every and self.epoch % config.checkpoint_every == 0:
+                    names.append(f"epoch_{self.epoch:04d}.pt")
+                self._save(self._checkpoint(None), *names)
+                logger.metrics(self.metrics)
+            return self._finish(best)
+        finally:
+            logger.close()
+
+    def _finish(self, best: dict[str, Any]) -> dict[str, Any]:
+        """Test the best checkpoint (main rank) and write ``summary.json``."""
+        summary: dict[str, Any] = {}
+        if self.context.is_main:
+            best_path = self.checkpoints / "best.pt"
+            best_model = build_model(load_checkpoint(best_path)).to(self.device)
+            test_loader = BatchLoader(self.data.test, self.config.batch_size, device=self.device,
+                                      train=False, flip=False)
+            test_loss, test_acc = self.evaluate(test_loader, best_model, all_ranks=False)
+            train_time = sum(r["epoch_time_s"] for r in self.metrics)
+            summary = {
+                "preset": self.config.preset,
+                "dataset": self.config.dataset,
+                "parameters": count_parameters(self.model),
+                "macs_per_image": count_macs(self.model),
+                "epochs": self.config.epochs,
+                "best_val_acc": best["val_acc"],
+                "best_epoch": best["epoch"],
+                "test_acc": test_acc,
+                "test_loss": test_loss,
+                "train_time_s": train_time,
+                "images_per_s": self.config.epochs * self.steps_per_epoch
+                * self.config.batch_size / train_time,
+                "best_checkpoint": str(best_path),
+            }
+            write_json(self.run_dir / "summary.json", summary)
+            self.logger.print(
+                f"best validation accuracy {best['val_acc']:.4f} at epoch {best['epoch']}; "
+                f"test accuracy of that checkpoint {test_acc:.4f} (loss {test_loss:.4f}); "
+                f"{train_time:.1f}s of training, {summary['images_per_s']:.0f} img/s; "
+                f"run folder {self.run_dir}"
+            )
+        distributed.barrier()
+        return summary

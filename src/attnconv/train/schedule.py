@@ -1,0 +1,87 @@
+"""Learning-rate schedules, stepped every iteration, as pure functions of the step index.
+
+Step ``s`` (0-based) is the ``s``-th optimizer update; ``lr(s)`` is the rate that update uses.
+With ``T`` total steps and ``W = ⌈warmup_fraction · T⌉`` warm-up steps:
+
+* warm-up (both schedules): ``lr(s) = base · (s + 1) / W`` for ``s < W``, so the very first
+  update already has a positive rate (no zero-rate epoch);
+* ``cosine``: ``lr(s) = base · ½ (1 + cos(π (s − W) / (T − W)))`` for ``s ≥ W``: the full rate at
+  the end of the warm-up, decaying to (nearly, never exactly) zero at the last step;
+* ``step``: ``lr(s) = base · 0.1^k`` with ``k`` the number of milestones ``m`` (in epochs) such
+  that the update's epoch ``⌊s / steps_per_epoch⌋ ≥ m`` (the rate drops at the start of epoch
+  ``m + 1``, 1-based), times the warm-up ramp if any.
+
+Being a function of the step alone, the schedule resumes exactly from a checkpoint's step count.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+STEP_FACTOR = 0.1
+
+
+@dataclass(frozen=True)
+class LRSchedule:
+    """``lr(step)`` for ``kind`` in ("cosine", "step"); see the module docstring."""
+
+    kind: str
+    base_lr: float
+    total_steps: int
+    steps_per_epoch: int
+    warmup_steps: int
+    milestones: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("cosine", "step"):
+            raise ValueError(f"schedule kind must be 'cosine' or 'step', got {self.kind!r}")
+        if self.total_steps < 1 or self.steps_per_epoch < 1:
+            raise ValueError(
+                f"a schedule needs >= 1 step per epoch and in all, got steps_per_epoch="
+                f"{self.steps_per_epoch}, total_steps={self.total_steps}"
+            )
+        if not 0 <= self.warmup_steps <= self.total_steps:
+            raise ValueError(
+                f"warmup_steps must be in [0, {self.total_steps}], got {self.warmup_steps}"
+            )
+
+    def __call__(self, step: int) -> float:
+        """The learning rate of update ``step`` (0-based)."""
+        if not 0 <= step < self.total_steps:
+            raise ValueError(f"step must be in [0, {self.total_steps}), got {step}")
+        factor = 1.0
+        if step < self.warmup_steps:
+            factor = (step + 1) / self.warmup_steps
+        if self.kind == "cosine":
+            if step >= self.warmup_steps:
+                progress = (step - self.warmup_steps) / (self.total_steps - self.warmup_steps)
+                factor = 0.5 * (1.0 + math.cos(math.pi * progress))
+        else:
+            epoch = step // self.steps_per_epoch
+            factor *= STEP_FACTOR ** sum(epoch >= m for m in self.milestones)
+        return self.base_lr * factor
+
+    def state_dict(self) -> dict:
+        """Plain values describing the schedule (saved in checkpoints)."""
+        return {**asdict(self), "milestones": list(self.milestones)}
+
+
+def build_schedule(
+    kind: str,
+    base_lr: float,
+    epochs: int,
+    steps_per_epoch: int,
+    warmup_fraction: float,
+    milestones: tuple[int, ...] = (),
+) -> LRSchedule:
+    """The schedule of a run of ``epochs`` epochs of ``steps_per_epoch`` updates each."""
+    total = epochs * steps_per_epoch
+    return LRSchedule(
+        kind=kind,
+        base_lr=base_lr,
+        total_steps=total,
+        steps_per_epoch=steps_per_epoch,
+        warmup_steps=math.ceil(round(warmup_fraction * total, 9)),  # 0.07·100 = 7.000…01
+        milestones=tuple(milestones) if kind == "step" else (),
+    )

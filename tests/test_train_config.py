@@ -1,0 +1,204 @@
+"""Training config resolution and type checking, and the learning-rate schedules."""
+
+import math
+import re
+
+import pytest
+
+from attnconv.models import PRESETS
+from attnconv.train.config import (
+    CONFIG_KEYS,
+    TrainConfig,
+    coerce,
+    load_config,
+    resolve_config,
+    save_config,
+)
+from attnconv.train.schedule import LRSchedule, build_schedule
+
+# ---------------------------------------------------------------------------- config
+
+
+@pytest.mark.parametrize("preset", sorted(set(PRESETS) - {"quadratic-generalized-pruned"}))
+def test_presets_resolve_to_their_recipe(preset: str) -> None:
+    recipe = PRESETS[preset].recipe
+    config = resolve_config(preset)
+    assert (config.lr, config.momentum, config.weight_decay) == (
+        recipe.lr, recipe.momentum, recipe.weight_decay)
+    assert (config.batch_size, config.epochs, config.schedule) == (
+        recipe.batch_size, recipe.epochs, recipe.schedule)
+    assert config.dataset == recipe.dataset
+    assert config.milestones == tuple(recipe.milestones)
+
+
+def test_paper_recipe_values() -> None:
+    config = resolve_config("quadratic")
+    assert (config.lr, config.momentum, config.weight_decay, config.batch_size) == (
+        0.1, 0.9, 1e-4, 100)
+    assert (config.epochs, config.schedule, config.warmup_fraction) == (300, "cosine", 0.05)
+    resnet = resolve_config("resnet18")
+    assert resnet.schedule == "step" and resnet.milestones == (80, 150, 250)
+
+
+def test_string_overrides_are_parsed_by_type() -> None:
+    config = resolve_config("quick", overrides=[
+        "epochs=7", "lr=0.05", "compile=true", "grad_clip=2.5", "val_size=0.2",
+        "milestones=3,5", "model.heads=3,2", "model.head_dim=none", "model.dropout=0",
+        "precision=bf16", "tensorboard=no",
+    ])
+    assert config.epochs == 7 and isinstance(config.epochs, int)
+    assert config.lr == 0.05 and config.compile is True and config.tensorboard is False
+    assert config.grad_clip == 2.5 and config.val_size == 0.2 and config.milestones == (3, 5)
+    assert config.model == {"heads": (3, 2), "head_dim": None, "dropout": 0.0}
+    assert config.precision == "bf16"
+    assert resolve_config("quick", overrides={"val_size": "100"}).val_size == 100
+
+
+def test_python_values_are_type_checked() -> None:
+    assert resolve_config("quick", overrides={"lr": 1}).lr == 1.0
+    with pytest.raises(TypeError, match=re.escape("epochs: expected int, got 2.5")):
+        resolve_config("quick", overrides={"epochs": 2.5})
+    with pytest.raises(TypeError, match="compile: expected bool"):
+        resolve_config("quick", overrides={"compile": 1})
+
+
+@pytest.mark.parametrize(("override", "error", "message"), [
+    ("epochs=1.5", TypeError, "epochs: expected int, got '1.5'"),
+    ("lr=fast", TypeError, "lr: expected float, got 'fast'"),
+    ("lr=nan", TypeError, "lr: expected float"),
+    ("compile=maybe", TypeError, "compile: expected bool"),
+    ("model.heads=a,b", TypeError, "model.heads: expected int | Sequence"),
+    ("lr=-0.1", ValueError, "lr must be > 0, got -0.1"),
+    ("lr=0", ValueError, "lr must be > 0"),
+    ("epochs=-3", ValueError, "epochs must be >= 1, got -3"),
+    ("batch_size=0", ValueError, "batch_size must be >= 1"),
+    ("momentum=1", ValueError, r"momentum must be in \[0, 1\)"),
+    ("weight_decay=-1e-4", ValueError, "weight_decay must be >= 0"),
+    ("warmup_fraction=1", ValueError, "warmup_fraction"),
+    ("milestones=5,3", ValueError, "milestones must be non-decreasing"),
+    ("schedule=linear", ValueError, "unknown schedule 'linear'; valid schedules: cosine, step"),
+    ("precision=fp16", ValueError, "unknown precision 'fp16'; valid: fp32, bf16"),
+    ("dataset=mnist", ValueError, "unknown dataset 'mnist'; valid datasets: cifar10"),
+    ("grad_clip=0", ValueError, "grad_clip must be > 0"),
+    ("device=tpu", ValueError, "device must be auto, cpu, cuda or cuda:N"),
+    ("checkpoint_every=-1", ValueError, "checkpoint_every must be >= 0"),
+    ("init=x.pt", ValueError, "--init is only for presets that fine-tune"),
+    ("bogus=1", ValueError, "unknown config key 'bogus'; valid keys: preset, dataset"),
+    ("model.bogus=1", ValueError, "unknown model key 'model.bogus' for preset 'quick'; valid "
+                                  "model keys: model.stem, model.hidden"),
+    ("model.num_classes=3", ValueError, "unknown model key 'model.num_classes'"),
+    ("lr", ValueError, "expected an override of the form key=value, got 'lr'"),
+    ("preset=quadratic", ValueError, "the preset is 'quick'"),
+])
+def test_bad_values_are_named(override: str, error: type, message: str) -> None:
+    with pytest.raises(error, match=message):
+        resolve_config("quick", overrides=[override])
+
+
+def test_unknown_preset_lists_the_valid_ones() -> None:
+    with pytest.raises(ValueError, match="unknown preset 'nope'; valid presets: quadratic, "):
+        resolve_config("nope")
+
+
+def test_pruned_preset_needs_init() -> None:
+    with pytest.raises(ValueError, match="give --init CHECKPOINT"):
+        resolve_config("quadratic-generalized-pruned")
+    config = resolve_config("quadratic-generalized-pruned", overrides={"init": "a.pt"})
+    assert (config.lr, config.epochs) == (0.01, 100)
+
+
+def test_milestones_scale_with_a_shorter_run() -> None:
+    assert resolve_config("resnet18", overrides=["epochs=30"]).milestones == (8, 15, 25)
+    # 80·3/300 = 0.8 → 1, 1.5 → 2, 2.5 → 2 (round half to even): the rate drops 10× then 100×
+    assert resolve_config("resnet18", overrides=["epochs=3"]).milestones == (1, 2, 2)
+    explicit = resolve_config("resnet18", overrides=["epochs=30", "milestones=10,20"])
+    assert explicit.milestones == (10, 20)
+
+
+def test_config_json_round_trip(tmp_path) -> None:
+    config = resolve_config("quick", "digits", ["model.heads=3,2", "grad_clip=1", "val_size=50"])
+    save_config(config, tmp_path / "config.json")
+    again = load_config(tmp_path / "config.json")
+    assert again == config
+    assert set(config.to_dict()) == {*CONFIG_KEYS, "model"}
+
+
+def test_load_config_errors(tmp_path) -> None:
+    with pytest.raises(FileNotFoundError, match="no training config"):
+        load_config(tmp_path / "missing.json")
+    (tmp_path / "bad.json").write_text("{not json")
+    with pytest.raises(ValueError, match=re.escape("bad.json is not valid JSON")):
+        load_config(tmp_path / "bad.json")
+
+
+def test_coerce_tuple_of_fixed_length() -> None:
+    assert coerce("8, 8", tuple[int, int], "image_size") == (8, 8)
+    with pytest.raises(TypeError, match="2 values"):
+        coerce("8,8,8", tuple[int, int], "image_size")
+    assert TrainConfig().model == {}
+
+
+# ---------------------------------------------------------------------------- schedules
+
+
+def closed_form_cosine(step: int, total: int, warmup: int, base: float) -> float:
+    """The paper recipe written out independently: linear ramp to base, then half a cosine."""
+    if step < warmup:
+        return base * (step + 1) / warmup
+    t = (step - warmup) / (total - warmup)
+    return base * (1 + math.cos(math.pi * t)) / 2
+
+
+def test_cosine_schedule_matches_closed_form() -> None:
+    steps_per_epoch, epochs, base = 450, 300, 0.1  # CIFAR-10: 45000 images / batch 100
+    schedule = build_schedule("cosine", base, epochs, steps_per_epoch, 0.05)
+    total = epochs * steps_per_epoch
+    assert schedule.total_steps == total and schedule.warmup_steps == 6750
+    for step in [0, 1, 2, 100, 6748, 6749, 6750, 6751, 50000, 100000, total - 2, total - 1]:
+        assert schedule(step) == pytest.approx(closed_form_cosine(step, total, 6750, base),
+                                               rel=1e-12, abs=1e-15)
+    assert schedule(0) == pytest.approx(base / 6750)  # first update already has a positive rate
+    assert schedule(6749) == pytest.approx(base)  # end of warm-up: the full rate
+    assert 0 < schedule(total - 1) < 1e-8
+    # never a zero-rate epoch; rate changes within every epoch (stepped per iteration)
+    for epoch in range(epochs):
+        rates = [schedule(epoch * steps_per_epoch + i) for i in (0, steps_per_epoch - 1)]
+        assert min(rates) > 0 and rates[0] != rates[1]
+
+
+def test_cosine_schedule_is_monotone_after_warmup() -> None:
+    schedule = build_schedule("cosine", 0.1, 10, 20, 0.05)
+    rates = [schedule(s) for s in range(schedule.total_steps)]
+    assert rates[: schedule.warmup_steps] == sorted(rates[: schedule.warmup_steps])
+    tail = rates[schedule.warmup_steps - 1 :]
+    assert tail == sorted(tail, reverse=True)
+
+
+def test_tiny_warmup_fraction_still_ramps() -> None:
+    schedule = build_schedule("cosine", 1.0, 1, 10, 0.01)  # 0.1 steps → one warm-up step
+    assert schedule.warmup_steps == 1
+    assert schedule(0) == 1.0
+
+
+def test_step_schedule_divides_by_ten_at_milestones() -> None:
+    schedule = build_schedule("step", 0.1, 300, 450, 0.0, (80, 150, 250))
+    for epoch, expected in [(0, 0.1), (79, 0.1), (80, 0.01), (149, 0.01), (150, 0.001),
+                            (249, 0.001), (250, 0.0001), (299, 0.0001)]:
+        for step in (epoch * 450, epoch * 450 + 449):
+            assert schedule(step) == pytest.approx(expected, rel=1e-12)
+
+
+def test_repeated_milestone_divides_twice() -> None:
+    schedule = build_schedule("step", 1.0, 3, 4, 0.0, (1, 2, 2))
+    assert [schedule(s) for s in (0, 3, 4, 7, 8, 11)] == pytest.approx(
+        [1.0, 1.0, 0.1, 0.1, 0.001, 0.001], rel=1e-12)
+
+
+def test_schedule_rejects_out_of_range_steps() -> None:
+    schedule = build_schedule("cosine", 0.1, 2, 5, 0.05)
+    with pytest.raises(ValueError, match=r"step must be in \[0, 10\), got 10"):
+        schedule(10)
+    with pytest.raises(ValueError, match="schedule kind"):
+        LRSchedule("linear", 0.1, 10, 5, 0)
+    assert schedule.state_dict() == {"kind": "cosine", "base_lr": 0.1, "total_steps": 10,
+                                     "steps_per_epoch": 5, "warmup_steps": 1, "milestones": []}
