@@ -37,7 +37,7 @@ def assert_same_function(conv: nn.Module, module: nn.Module, x: torch.Tensor, se
     tol = TOL[x.dtype]
     x1, x2 = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
     ref, out = run_conv(conv, x1), module(x2)
-    assert out.shape == ref.shape
+    assert out.shape == ref.shape and out.is_contiguous()
     assert rel(out.detach(), ref.detach()) <= tol
     g = torch.randn(ref.shape, generator=torch.Generator().manual_seed(seed), dtype=x.dtype)
     (ref * g).sum().backward()

@@ -16,16 +16,18 @@ Construction (design.md §1). A convolution with a ``Kh×Kw`` kernel becomes a
 * **Weights.** Each head attends over the raw input (``head_dim = in_channels``, no value
   projection) and the output projection holds the taps: the block of ``out.weight`` for head
   ``(i, j)`` is ``W_conv[:, :, i, j]`` (block-diagonal over groups), ``out.bias`` is the conv bias.
-  This is the cheaper of the two factorisations ``W_val W_out`` allows: a value projection to
-  ``heads·out_channels`` channels followed by a sum over heads costs one more ``N × Cin × K²Cout``
-  product per image than reading the raw input, and the layer has no value projection at all when
-  ``head_dim == dim``, so this choice works for every channel count.
+  This is the cheaper of the two factorisations ``W_val W_out`` allows: with a value projection
+  to ``heads·Cout`` channels, ``out`` (the sum over heads) still costs ``K²·Cout·Cout``
+  multiply-adds per pixel on top of the same ``K²·Cin·Cout`` of the value projection. It is
+  also uniform: ``head_dim = dim`` always means no value projection, whereas ``head_dim = Cout``
+  would lose its value projection (the layer has none when ``head_dim == dim``) if Cin == Cout.
 * **Output.** The attention output is taken at the query pixels above (every ``stride``-th one).
 
-The kernel is the only stored weight: ``out.weight`` is a parametrization
-(``torch.nn.utils.parametrize``) of the convolution's own ``(out, in/groups, Kh, Kw)`` kernel, so
-gradients reach the original convolution weights and the attention layer stays a complete,
-standalone ``MultiHeadSelfAttention2d`` (``attention_to_conv`` reads it back).
+The kernel is stored once: ``out.weight`` is a parametrization (``torch.nn.utils.parametrize``)
+of a copy of the convolution's own ``(out, in/groups, Kh, Kw)`` kernel, so the gradient reaching
+``AttentionConv.weight`` is the gradient with respect to the convolution's weights, and the
+attention layer stays a complete, standalone ``MultiHeadSelfAttention2d`` (``attention_to_conv``
+reads the kernel back out of it).
 
 Speed: with hard attention the module applies the layer's one-hot factors as shifted slices of the
 padded input (each head's keys sit at a constant offset from its queries) for the queried pixels
@@ -151,7 +153,7 @@ class AttentionConv(nn.Module):
                 taps * torch.tensor(dilation, dtype=weight.dtype, device=weight.device)
                 - torch.tensor(self._anchor, dtype=weight.dtype, device=weight.device)
             )
-            layer.spread.fill_(1.0 if spread is None else spread)
+            layer.spread.fill_(1.0 if spread is None else spread)  # hard heads ignore it
             if conv.bias is not None:
                 layer.out.bias.copy_(conv.bias)
             to_out = KernelToOutWeight(weight.shape, conv.groups)
@@ -217,6 +219,7 @@ class AttentionConv(nn.Module):
         if y is None:
             y = self.attention(x.permute(0, 2, 3, 1))  # (B, Hp, Wp, out)
             y = y.index_select(1, rows).index_select(2, cols).permute(0, 3, 1, 2)
+        y = y.contiguous()  # a drop-in for the conv: callers may .view() its output
         return y.squeeze(2) if self.one_d else y
 
     def _hard_shift(self, x: Tensor, rows: Tensor, cols: Tensor) -> Tensor | None:
