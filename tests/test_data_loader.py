@@ -65,21 +65,21 @@ def collect(loader, epoch, start_batch=0):
     return [(x.clone(), y.clone()) for x, y in loader.epoch(epoch, start_batch)]
 
 
-def test_train_batches_are_crops_and_flips_of_the_labelled_images():
+@pytest.mark.parametrize("flip", [True, False])
+def test_train_batches_are_the_reference_crops_of_the_labelled_images(flip):
     data = make_set(30)
-    loader = BatchLoader(data, 10, device="cpu", train=True, flip=True, pad=2, seed=3)
-    for x, y in loader.epoch(0):
+    loader = BatchLoader(data, 10, device="cpu", train=True, flip=flip, pad=2, seed=3)
+    for batch, (x, y) in enumerate(loader.epoch(5)):
         assert x.dtype == torch.float32 and x.shape == (10, 3, 6, 5)
-        pixels = torch.round(x * 255).to(torch.uint8)
-        assert torch.allclose(x * 255, pixels.float(), atol=1e-4)
-        for image, label in zip(pixels, y, strict=True):
-            candidates = [
-                reference_crop_flip(data.images[label], (top, left), flip, 2)
-                for top in range(5)
-                for left in range(5)
-                for flip in (False, True)
+        offsets, flips = loader.augmentation(5, batch)
+        assert flips.any() == flip
+        expected = torch.stack(
+            [
+                reference_crop_flip(data.images[label], offsets[i], flips[i], 2)
+                for i, label in enumerate(y)
             ]
-            assert any(torch.equal(image, c) for c in candidates)
+        )
+        assert torch.equal(x, expected.float() / 255)
 
 
 def test_train_augmentation_uses_every_offset_and_both_flips():
@@ -219,6 +219,8 @@ def test_bad_arguments_are_rejected():
     loader = BatchLoader(data, 4, device="cpu", train=True, flip=True)
     with pytest.raises(ValueError, match=r"start_batch must be in \[0, 3\], got 4"):
         loader.epoch(0, start_batch=4)
+    with pytest.raises(ValueError, match=r"batch must be in \[0, 3\), got 3"):
+        loader.augmentation(0, 3)
 
 
 def test_image_set_validates_its_tensors():

@@ -4,8 +4,14 @@
 training mode every random choice is a pure function of ``(seed, epoch)`` (the shuffle) and
 ``(seed, epoch, batch index)`` (crop offsets and flips), so ``epoch(e, start_batch=k)`` yields
 exactly the batches ``k, k+1, ...`` of an uninterrupted ``epoch(e)``, on any device and for any
-number of ranks. Random numbers are drawn on the CPU (a few hundred per batch) and the pixels are
-moved on the device by one gather: no per-image Python.
+number of ranks. Random numbers are drawn on the CPU (a few hundred per batch); the pixels are
+moved on the device by a handful of whole-batch operations, no per-image Python:
+
+* a training split is stored zero-padded and, when flips are on, also mirrored left-right: one
+  uint8 tensor ``(2, N, C, H + 2·pad, W + 2·pad)`` (3.1× the raw bytes for CIFAR: 0.43 GB for
+  45000 images), so that one ``index_select`` over a strided view of all its ``H×W`` windows
+  fetches, pads, crops and flips a whole batch (on CPU 3.5× faster than mirroring the crops);
+* a conversion and an in-place division turn the uint8 crops into float32 in [0, 1].
 """
 
 from __future__ import annotations
@@ -14,9 +20,47 @@ import hashlib
 from collections.abc import Iterator
 
 import torch
-import torch.nn.functional as F
 
 from attnconv.data.splits import ImageSet
+
+
+def _padded_sources(images: torch.Tensor, pad: int, flip: bool) -> torch.Tensor:
+    """(S, N, C, H + 2·pad, W + 2·pad), contiguous: the zero-padded ``images`` (N, C, H, W) and,
+    if ``flip``, the same mirrored left-right (S = 2; else S = 1)."""
+    n, c, h, w = images.shape
+    sources = images.new_zeros(1 + flip, n, c, h + 2 * pad, w + 2 * pad)
+    sources[0, :, :, pad : pad + h, pad : pad + w] = images
+    if flip:
+        sources[1, :, :, pad : pad + h, pad : pad + w] = images.flip(-1)
+    return sources
+
+
+def _crop_windows(
+    sources: torch.Tensor,
+    index: torch.Tensor,
+    offsets: torch.Tensor,
+    flips: torch.Tensor | None,
+    size: tuple[int, int],
+) -> torch.Tensor:
+    """Crops of ``sources`` (from ``_padded_sources``): image ``index[i]`` (B,) at top-left corner
+    ``offsets[i]`` (B, 2) (row, col) of its padded copy, of ``size`` (H, W), mirrored left-right
+    where ``flips`` (B,) bool (``None``: no flips; then ``sources`` may hold one copy).
+
+    Returns (B, C, H, W), same dtype. All tensors on ``sources``' device; no checks.
+    """
+    _, n, c, hp, wp = sources.shape
+    h, w = size
+    top, left = offsets[:, 0], offsets[:, 1]
+    if flips is not None:
+        # The crop of the mirrored copy at column (Wp − W) − x is the mirror of the crop at x.
+        left = torch.where(flips, (wp - w) - left, left)
+        index = index + n * flips
+    starts = index * (c * hp * wp) + top * wp + left  # flat positions of the top-left corners
+    flat = sources.reshape(-1)
+    span = (c - 1) * hp * wp + (h - 1) * wp + (w - 1)
+    # One (C, H, W) window per flat start position (a view, nothing copied); pick B of them.
+    windows = flat.as_strided((flat.numel() - span, c, h, w), (1, hp * wp, wp, 1))
+    return windows.index_select(0, starts)
 
 
 def random_crop_flip(
@@ -33,7 +77,7 @@ def random_crop_flip(
     """
     if images.dim() != 4:
         raise ValueError(f"images must be (B, C, H, W), got shape {tuple(images.shape)}")
-    b, c, h, w = images.shape
+    b, _, h, w = images.shape
     if offsets.shape != (b, 2) or offsets.dtype != torch.int64:
         raise ValueError(
             f"offsets must be int64 of shape ({b}, 2), got {offsets.dtype} {tuple(offsets.shape)}"
@@ -42,22 +86,17 @@ def random_crop_flip(
         raise ValueError(
             f"flips must be bool of shape ({b},), got {flips.dtype} {tuple(flips.shape)}"
         )
-    if b and (offsets.min() < 0 or offsets.max() > 2 * pad):
+    if b == 0:
+        return images.clone()
+    if offsets.min() < 0 or offsets.max() > 2 * pad:
         raise ValueError(
             f"offsets must lie in [0, {2 * pad}] for pad={pad}, got "
             f"[{offsets.min().item()}, {offsets.max().item()}]"
         )
     device = images.device
-    offsets = offsets.to(device, non_blocking=True)
-    flips = flips.to(device, non_blocking=True)
-    padded = F.pad(images, (pad, pad, pad, pad)) if pad else images
-    wp = w + 2 * pad
-    cols = torch.arange(w, device=device)
-    cols = torch.where(flips[:, None], w - 1 - cols, cols) + offsets[:, 1:]  # (B, W)
-    rows = torch.arange(h, device=device) + offsets[:, :1]  # (B, H)
-    index = (rows[:, :, None] * wp + cols[:, None, :]).reshape(b, 1, h * w)  # (B, 1, H·W)
-    flat = padded.reshape(b, c, -1)  # (B, C, Hp·Wp)
-    return torch.gather(flat, 2, index.expand(b, c, h * w)).reshape(b, c, h, w)
+    sources = _padded_sources(images, pad, flip=True)
+    index = torch.arange(b, device=device)
+    return _crop_windows(sources, index, offsets.to(device), flips.to(device), (h, w))
 
 
 def _generator(*key: int) -> torch.Generator:
@@ -124,8 +163,31 @@ class BatchLoader:
         self.train = bool(train)
         self.flip = bool(flip)
         self.device = torch.device(device)
-        self.images = images_set.images.to(self.device)  # (N, C, H, W) uint8
+        # The split, zero-padded (train mode), and also mirrored (train mode with flips): one
+        # uint8 tensor (S, N, C, H + 2·pad, W + 2·pad), the only copy on the device.
+        self._pad = self.pad if self.train else 0
+        images = images_set.images.to(self.device)
+        self._sources = _padded_sources(images, self._pad, flip=self.train and self.flip)
+        self.image_size = (images.shape[2], images.shape[3])
         self.labels = images_set.labels.to(self.device)  # (N,) int64
+
+    @property
+    def images(self) -> torch.Tensor:
+        """The split, uint8 (N, C, H, W), on ``device`` (a view into the stored tensor)."""
+        h, w = self.image_size
+        return self._sources[0, :, :, self._pad : self._pad + h, self._pad : self._pad + w]
+
+    def augmentation(self, epoch: int, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The random crop offsets int64 (batch_size, 2) and flips bool (batch_size,) of global
+        batch ``batch`` of ``epoch`` (CPU tensors, before sharding), as ``random_crop_flip``
+        takes them."""
+        _check_int("epoch", epoch, 0)
+        if _check_int("batch", batch, 0) >= len(self):
+            raise ValueError(f"batch must be in [0, {len(self)}), got {batch}")
+        rng = _generator(self.seed, epoch, batch)
+        offsets = torch.randint(0, 2 * self.pad + 1, (self.batch_size, 2), generator=rng)
+        flips = (torch.rand(self.batch_size, generator=rng) < 0.5) & self.flip
+        return offsets, flips
 
     def __len__(self) -> int:
         full, rest = divmod(len(self.labels), self.batch_size)
@@ -161,13 +223,17 @@ class BatchLoader:
         bs = self.batch_size
         order = torch.randperm(len(self.labels), generator=_generator(self.seed, epoch))
         for batch in range(start_batch, len(self)):
-            rng = _generator(self.seed, epoch, batch)
-            offsets = torch.randint(0, 2 * self.pad + 1, (bs, 2), generator=rng)
-            flips = (torch.rand(bs, generator=rng) < 0.5) & self.flip
+            offsets, flips = self.augmentation(epoch, batch)
             shard = self._shard(bs)
             idx = order[batch * bs : (batch + 1) * bs][shard].to(self.device, non_blocking=True)
-            images = random_crop_flip(self.images[idx], offsets[shard], flips[shard], self.pad)
-            yield images.float().div_(255.0), self.labels[idx]
+            crops = _crop_windows(
+                self._sources,
+                idx,
+                offsets[shard].to(self.device, non_blocking=True),
+                flips[shard].to(self.device, non_blocking=True) if self.flip else None,
+                self.image_size,
+            )
+            yield crops.float().div_(255.0), self.labels.index_select(0, idx)
 
     def _eval_batches(self, start_batch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         n, bs = len(self.labels), self.batch_size
