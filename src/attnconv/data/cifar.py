@@ -21,6 +21,7 @@ import pickle
 import shutil
 import tarfile
 import tempfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
@@ -157,7 +158,7 @@ def _extract(archive: Path, spec: CifarArchive, folder: Path) -> None:
                 with source, open(tmp / file, "wb") as out:
                     shutil.copyfileobj(source, out)
         os.replace(tmp, folder)
-    except (tarfile.TarError, EOFError, OSError) as err:
+    except (tarfile.TarError, EOFError, OSError, zlib.error) as err:
         raise ValueError(
             f"{archive}: cannot extract ({err}); delete it and download it again"
         ) from err
