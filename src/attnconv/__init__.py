@@ -7,11 +7,14 @@ Theorem 1 as exact conversion code, the paper's models and training recipe, and 
 
 from attnconv.attention import MultiHeadSelfAttention2d
 from attnconv.convert import attention_to_conv, conv_to_attention, convert_model
+from attnconv.models import PRESETS, create_model
 
 __all__ = [
+    "PRESETS",
     "MultiHeadSelfAttention2d",
     "attention_to_conv",
     "conv_to_attention",
     "convert_model",
+    "create_model",
 ]
 __version__ = "0.1.0"

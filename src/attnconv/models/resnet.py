@@ -77,7 +77,7 @@ class ResNet(nn.Module):
         self.bn1 = nn.BatchNorm2d(widths[0])
         stages = []
         in_planes = widths[0]
-        for index, (count, planes) in enumerate(zip(blocks, widths)):
+        for index, (count, planes) in enumerate(zip(blocks, widths, strict=True)):
             stride = 1 if index == 0 else 2
             layers = []
             for block in range(count):

@@ -1,0 +1,50 @@
+"""``attnconv heads CHECKPOINT``: every Gaussian head's centre, spread and condition number."""
+
+from __future__ import annotations
+
+import argparse
+
+from attnconv.models.heads import MAX_CONDITION, MIN_SPREAD
+
+HELP = "print each Gaussian attention head of a checkpoint and flag the degenerate ones"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("checkpoint", help="a checkpoint written by `attnconv train`")
+    parser.add_argument(
+        "--min-spread",
+        type=float,
+        default=MIN_SPREAD,
+        help=f"degenerate below this inverse std, 1/tokens (default: {MIN_SPREAD})",
+    )
+    parser.add_argument(
+        "--max-condition",
+        type=float,
+        default=MAX_CONDITION,
+        help=f"degenerate above this covariance condition number (default: {MAX_CONDITION:g})",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from attnconv.models.heads import head_table
+    from attnconv.train.checkpoint import load_model
+
+    model, checkpoint = load_model(args.checkpoint)
+    rows = head_table(model, args.min_spread, args.max_condition)
+    print(f"{args.checkpoint}: preset {checkpoint['preset']}, epoch {checkpoint.get('epoch', '?')}")
+    print(
+        f"{'layer':>5} {'head':>4} {'center_row':>10} {'center_col':>10} {'spread':>9} "
+        f"{'condition':>10}  degenerate"
+    )
+    for row in rows:
+        print(
+            f"{row['layer']:>5} {row['head']:>4} {row['center_row']:>10.3f} "
+            f"{row['center_col']:>10.3f} {row['spread']:>9.4f} {row['condition_number']:>10.3g}"
+            f"  {'yes' if row['degenerate'] else 'no'}"
+        )
+    degenerate = sum(row["degenerate"] for row in rows)
+    print(
+        f"{degenerate} of {len(rows)} heads degenerate (spread < {args.min_spread:g} or "
+        f"condition number > {args.max_condition:g})"
+    )
+    return 0

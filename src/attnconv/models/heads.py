@@ -1,0 +1,128 @@
+"""Geometry of Gaussian attention heads, and pruning of degenerate ones.
+
+A head is *degenerate* (the ``quadratic-generalized-pruned`` experiment) when its Gaussian has
+collapsed: its spread (geometric-mean inverse standard deviation, in 1/tokens) is below
+``min_spread`` (the head averages the whole image almost uniformly), or its covariance
+condition number exceeds ``max_condition`` (the head has degenerated into a line).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from torch import nn
+
+from attnconv.attention import MultiHeadSelfAttention2d
+from attnconv.models.complexity import count_parameters
+
+MIN_SPREAD = 0.05
+MAX_CONDITION = 1000.0
+
+
+def gaussian_layers(model: nn.Module) -> list[tuple[int, MultiHeadSelfAttention2d]]:
+    """``(layer index, layer)`` for the model's Gaussian attention layers; the index counts every
+    attention layer of ``model.attention_layers()``. ValueError if there are none."""
+    if not hasattr(model, "attention_layers"):
+        raise ValueError(
+            f"{type(model).__name__} has no attention layers (expected an ImageTransformer)"
+        )
+    layers = [
+        (index, layer)
+        for index, layer in enumerate(model.attention_layers())
+        if layer.positional in ("gaussian", "gaussian_full")
+    ]
+    if not layers:
+        kinds = sorted({str(layer.positional) for layer in model.attention_layers()})
+        raise ValueError(
+            f"head geometry needs Gaussian attention (positional 'gaussian' or "
+            f"'gaussian_full'); this model's layers use {', '.join(kinds)}"
+        )
+    return layers
+
+
+def head_table(
+    model: nn.Module, min_spread: float = MIN_SPREAD, max_condition: float = MAX_CONDITION
+) -> list[dict[str, Any]]:
+    """One row per Gaussian head: ``layer``, ``head``, ``center_row``, ``center_col`` (offset
+    ``Δ`` in tokens), ``spread`` (``det(Σ)^(-1/4)``: geometric-mean inverse std, 1/tokens),
+    ``condition_number`` (of the covariance ``Σ``) and ``degenerate`` (see module docstring)."""
+    rows = []
+    for index, layer in gaussian_layers(model):
+        geometry = layer.head_geometry()
+        covariance = geometry["covariance"].double()
+        for head in range(layer.heads):
+            determinant = float(covariance[head].det())
+            spread = 0.0 if not math.isfinite(determinant) else determinant**-0.25
+            condition = float(geometry["condition_number"][head])
+            rows.append(
+                {
+                    "layer": index,
+                    "head": head,
+                    "center_row": float(geometry["centers"][head, 0]),
+                    "center_col": float(geometry["centers"][head, 1]),
+                    "spread": spread,
+                    "condition_number": condition,
+                    "degenerate": spread < min_spread or condition > max_condition,
+                }
+            )
+    return rows
+
+
+def find_degenerate_heads(
+    model: nn.Module, min_spread: float = MIN_SPREAD, max_condition: float = MAX_CONDITION
+) -> dict[int, list[int]]:
+    """``{layer index: [degenerate head indices]}`` for layers with at least one such head."""
+    found: dict[int, list[int]] = {}
+    for row in head_table(model, min_spread, max_condition):
+        if row["degenerate"]:
+            found.setdefault(row["layer"], []).append(row["head"])
+    return found
+
+
+@dataclass(frozen=True)
+class PruneSummary:
+    """What ``prune_degenerate_heads`` removed. ``heads`` is the new per-layer head count (pass
+    it as ``heads=`` to ``create_model`` to rebuild the pruned architecture)."""
+
+    removed: dict[int, list[int]]
+    heads: list[int]
+    parameters_before: int
+    parameters_after: int
+
+    def __str__(self) -> str:
+        removed = sum(len(h) for h in self.removed.values())
+        per_layer = ", ".join(f"layer {i}: {h}" for i, h in sorted(self.removed.items()))
+        return (
+            f"pruned {removed} degenerate head(s) ({per_layer or 'none'}); heads per layer "
+            f"{self.heads}; parameters {self.parameters_before:,} -> {self.parameters_after:,}"
+        )
+
+
+def prune_degenerate_heads(
+    model: nn.Module, min_spread: float = MIN_SPREAD, max_condition: float = MAX_CONDITION
+) -> PruneSummary:
+    """Remove every degenerate head from ``model`` in place (``layer.prune_heads``).
+
+    ValueError (and the model left unchanged) if every head of some layer is degenerate. The
+    pruned layers get new parameter tensors: build the optimizer after pruning.
+    """
+    degenerate = find_degenerate_heads(model, min_spread, max_condition)
+    layers = model.attention_layers()
+    for index, heads in degenerate.items():
+        if len(heads) == layers[index].heads:
+            raise ValueError(
+                f"all {len(heads)} heads of attention layer {index} are degenerate; pruning "
+                f"would leave the layer without heads (nothing was pruned)"
+            )
+    before = count_parameters(model)
+    for index, heads in degenerate.items():
+        layer = layers[index]
+        layer.prune_heads([h for h in range(layer.heads) if h not in heads])
+    return PruneSummary(
+        removed=degenerate,
+        heads=[layer.heads for layer in layers],
+        parameters_before=before,
+        parameters_after=count_parameters(model),
+    )

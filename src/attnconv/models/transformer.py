@@ -1,0 +1,248 @@
+"""The paper's image transformer: BERT over pixels, with 2-D attention from ``attnconv.attention``.
+
+images (B, C, H, W) in [0, 1]
+  -> normalise (fixed mean/std buffers)
+  -> space-to-depth by ``stem`` ("invertible pooling"): (B, h, w, C·stem²), h = H/stem, w = W/stem
+  -> Linear to ``hidden``
+  -> ``depth`` post-LayerNorm BERT blocks (MHSA -> Linear -> dropout -> +res -> LayerNorm ->
+     Linear -> GELU -> Linear -> dropout -> +res -> LayerNorm)
+  -> mean over the h·w tokens -> Linear to classes
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from attnconv.attention import MultiHeadSelfAttention2d
+from attnconv.models.normalize import Normalize, check_images
+from attnconv.models.resnet import CIFAR10_MEAN, CIFAR10_STD
+
+LAYER_NORM_EPS = 1e-12
+POSITIONAL = ("gaussian", "gaussian_full", "learned", None)
+# Parameter names (last component) of the attention's positional encodings: no weight decay.
+POSITIONAL_PARAMETERS = frozenset(
+    {"centers", "spread", "row_embedding", "col_embedding", "positional_weight"}
+)
+
+
+class TransformerBlock(nn.Module):
+    """One post-LayerNorm BERT layer on a token grid ``(B, h, w, hidden) -> (B, h, w, hidden)``."""
+
+    def __init__(
+        self,
+        hidden: int,
+        heads: int,
+        head_dim: int,
+        mlp_dim: int,
+        positional: str | None,
+        content: bool,
+        content_positional: bool,
+        max_size: int,
+        dropout: float,
+        attention_dropout: float,
+    ) -> None:
+        super().__init__()
+        self.attention = MultiHeadSelfAttention2d(
+            hidden,
+            heads,
+            head_dim=head_dim,
+            positional=positional,
+            content=content,
+            content_positional=content_positional,
+            dropout=attention_dropout,
+            max_size=max_size,
+        )
+        self.attention_dense = nn.Linear(hidden, hidden)
+        self.attention_norm = nn.LayerNorm(hidden, eps=LAYER_NORM_EPS)
+        self.mlp_in = nn.Linear(hidden, mlp_dim)
+        self.mlp_out = nn.Linear(mlp_dim, hidden)
+        self.mlp_norm = nn.LayerNorm(hidden, eps=LAYER_NORM_EPS)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(
+        self, x: torch.Tensor, return_attention: bool = False
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """``x`` ``(B, h, w, hidden)``; with ``return_attention`` also the probabilities
+        ``(B, heads, h·w, h·w)``."""
+        if return_attention:
+            attended, probs = self.attention(x, return_attention=True)
+        else:
+            attended = self.attention(x)
+        x = self.attention_norm(x + self.dropout(self.attention_dense(attended)))
+        x = self.mlp_norm(x + self.dropout(self.mlp_out(F.gelu(self.mlp_in(x)))))
+        return (x, probs) if return_attention else x
+
+
+class ImageTransformer(nn.Module):
+    """Transformer classifier over pixels (Cordonnier et al., 2020, §4).
+
+    Args:
+        num_classes: number of output logits.
+        in_channels: image channels ``C``.
+        image_size: the default input ``(H, W)``: checked against ``stem`` and ``max_size`` at
+            construction and used by complexity counts; other sizes are accepted at call time.
+        mean, std: per-channel normalisation on the ``[0, 1]`` scale (one value per channel).
+        stem: space-to-depth width; ``2`` is the paper's 2×2 invertible pooling, ``1`` keeps one
+            token per pixel. ``H`` and ``W`` must be divisible by it.
+        hidden: token width.
+        depth: number of blocks.
+        heads: heads per layer, an int or one int per layer (pruned models).
+        head_dim: per-head width; ``None`` means ``hidden`` (no value projection, as in the paper).
+        mlp_dim: feed-forward width.
+        positional, content, content_positional, max_size: the attention's scores, see
+            :class:`attnconv.MultiHeadSelfAttention2d`; ``max_size`` bounds the token grid for
+            ``"learned"``.
+        dropout: dropout after the attention dense and after the feed-forward.
+        attention_dropout: dropout on the attention probabilities.
+        init_std: standard deviation of the normal initialisation of every Linear weight
+            (biases start at zero). ``0.02`` is BERT's (the paper's); ``None`` uses
+            ``1/√fan_in`` per layer, which trains small models much faster.
+    """
+
+    def __init__(
+        self,
+        num_classes: int = 10,
+        in_channels: int = 3,
+        image_size: tuple[int, int] = (32, 32),
+        mean: Sequence[float] = CIFAR10_MEAN,
+        std: Sequence[float] = CIFAR10_STD,
+        stem: int = 2,
+        hidden: int = 400,
+        depth: int = 6,
+        heads: int | Sequence[int] = 9,
+        head_dim: int | None = None,
+        mlp_dim: int = 512,
+        positional: str | None = "gaussian",
+        content: bool = False,
+        content_positional: bool = False,
+        max_size: int = 32,
+        dropout: float = 0.1,
+        attention_dropout: float = 0.1,
+        init_std: float | None = 0.02,
+    ) -> None:
+        super().__init__()
+        for name, value in (
+            ("num_classes", num_classes),
+            ("in_channels", in_channels),
+            ("stem", stem),
+            ("hidden", hidden),
+            ("depth", depth),
+            ("mlp_dim", mlp_dim),
+            ("max_size", max_size),
+        ):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if init_std is not None and not init_std > 0:
+            raise ValueError(f"init_std must be positive or None, got {init_std!r}")
+        if positional not in POSITIONAL:
+            raise ValueError(f"positional must be one of {POSITIONAL}, got {positional!r}")
+        heads_per_layer = [heads] * depth if isinstance(heads, int) else list(heads)
+        if len(heads_per_layer) != depth or not all(
+            isinstance(h, int) and h >= 1 for h in heads_per_layer
+        ):
+            raise ValueError(
+                f"heads must be a positive int or a list of {depth} positive ints (one per "
+                f"layer), got {heads!r}"
+            )
+        if len(tuple(mean)) != in_channels:
+            raise ValueError(
+                f"mean/std need one value per input channel: in_channels={in_channels}, "
+                f"got mean={tuple(mean)} (pass mean=... and std=... with the channel count)"
+            )
+        self.num_classes = num_classes
+        self.in_channels = in_channels
+        self.stem = stem
+        self.positional = positional
+        self.max_size = max_size
+        self.image_size = (int(image_size[0]), int(image_size[1]))
+        self.token_grid(*self.image_size)
+
+        self.normalize = Normalize(mean, std)
+        self.embed = nn.Linear(in_channels * stem * stem, hidden)
+        self.blocks = nn.ModuleList(
+            TransformerBlock(
+                hidden,
+                layer_heads,
+                hidden if head_dim is None else head_dim,
+                mlp_dim,
+                positional,
+                content,
+                content_positional,
+                max_size,
+                dropout,
+                attention_dropout,
+            )
+            for layer_heads in heads_per_layer
+        )
+        self.classifier = nn.Linear(hidden, num_classes)
+        self._init_weights(init_std)
+
+    def _init_weights(self, init_std: float | None) -> None:
+        """Every Linear: weights ``N(0, init_std²)`` (or ``N(0, 1/fan_in)``), zero biases. The
+        attention layers' positional parameters keep their own (paper) initialisation."""
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                std = module.in_features**-0.5 if init_std is None else init_std
+                nn.init.normal_(module.weight, std=std)
+                nn.init.zeros_(module.bias)
+
+    def token_grid(self, height: int, width: int) -> tuple[int, int]:
+        """The token grid ``(h, w) = (H / stem, W / stem)`` for an ``H×W`` image; ValueError if
+        ``stem`` does not divide both or (learned encoding) the grid exceeds ``max_size``."""
+        if height < 1 or width < 1 or height % self.stem or width % self.stem:
+            raise ValueError(
+                f"image size {height}x{width} is not divisible by the stem width {self.stem}: "
+                f"the space-to-depth stem needs H and W to be positive multiples of {self.stem}"
+            )
+        h, w = height // self.stem, width // self.stem
+        if self.positional == "learned" and max(h, w) > self.max_size:
+            raise ValueError(
+                f"image size {height}x{width} gives a {h}x{w} token grid, larger than the "
+                f"learned encoding's max_size={self.max_size}; build the model with "
+                f"max_size >= {max(h, w)}"
+            )
+        return h, w
+
+    def attention_layers(self) -> list[MultiHeadSelfAttention2d]:
+        """The ``depth`` attention layers, first to last."""
+        return [block.attention for block in self.blocks]
+
+    def heads_per_layer(self) -> list[int]:
+        """Current number of heads of each layer (changes when heads are pruned)."""
+        return [layer.heads for layer in self.attention_layers()]
+
+    def forward(
+        self, x: torch.Tensor, return_attention: bool = False
+    ) -> torch.Tensor | tuple[torch.Tensor, list[torch.Tensor]]:
+        """``x``: float images ``(B, in_channels, H, W)`` in ``[0, 1]``.
+
+        Returns logits ``(B, num_classes)``; with ``return_attention`` also a list over layers
+        of attention probabilities ``(B, heads, h·w, h·w)`` on the token grid (row-major tokens,
+        rows are queries).
+        """
+        check_images(x, self.in_channels, "ImageTransformer")
+        self.token_grid(x.shape[2], x.shape[3])
+        x = F.pixel_unshuffle(self.normalize(x), self.stem)
+        x = self.embed(x.permute(0, 2, 3, 1))
+        attentions = []
+        for block in self.blocks:
+            if return_attention:
+                x, probs = block(x, return_attention=True)
+                attentions.append(probs)
+            else:
+                x = block(x)
+        logits = self.classifier(x.mean(dim=(1, 2)))
+        return (logits, attentions) if return_attention else logits
+
+    def no_weight_decay_parameters(self) -> set[str]:
+        """Names of parameters trained without weight decay: the attention's positional
+        geometry and embeddings, LayerNorm scales/shifts and biases."""
+        return {
+            name
+            for name, param in self.named_parameters()
+            if param.ndim <= 1 or name.rsplit(".", 1)[-1] in POSITIONAL_PARAMETERS
+        }

@@ -1,0 +1,174 @@
+"""Gaussian head geometry, degenerate heads, pruning, and `attnconv heads CHECKPOINT`."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+
+from attnconv import cli
+from attnconv.models import ImageTransformer, create_model
+from attnconv.models.heads import find_degenerate_heads, head_table, prune_degenerate_heads
+from attnconv.train.checkpoint import save_checkpoint
+
+CONFIG = {"hidden": 16, "depth": 2, "heads": 4, "mlp_dim": 16, "image_size": (12, 12)}
+
+
+def generalized_model() -> ImageTransformer:
+    """Layer 0: S = diag(2, 0.5) (condition 16), S = diag(1, 0.02) (condition 2500: a line),
+    S = 0.01·I (spread 0.01: uniform), a rotated S. Layer 1: paper initialisation, S ≈ I."""
+    torch.manual_seed(0)
+    model = create_model("quadratic-generalized", **CONFIG)
+    angle = 0.3
+    rotation = torch.tensor(
+        [[math.cos(angle), -math.sin(angle)], [math.sin(angle), math.cos(angle)]]
+    )
+    with torch.no_grad():
+        layer = model.attention_layers()[0]
+        layer.spread.copy_(
+            torch.stack(
+                [
+                    torch.diag(torch.tensor([2.0, 0.5])),
+                    torch.diag(torch.tensor([1.0, 0.02])),
+                    0.01 * torch.eye(2),
+                    rotation @ torch.diag(torch.tensor([3.0, 1.0])),
+                ]
+            )
+        )
+        layer.centers.copy_(torch.tensor([[1.0, -2.0], [0.5, 0.25], [0.0, 0.0], [-3.0, 1.5]]))
+    return model
+
+
+def test_head_table_generalized():
+    rows = head_table(generalized_model())
+    assert len(rows) == 8
+    assert [(r["layer"], r["head"]) for r in rows] == [
+        (layer, h) for layer in (0, 1) for h in range(4)
+    ]
+    first = rows[:4]
+    # Σ = (S Sᵀ)⁻¹: spread = det(Σ)^(-1/4) = sqrt|det S|; condition = (σmax(S)/σmin(S))².
+    expected_spread = [1.0, math.sqrt(0.02), 0.01, math.sqrt(3.0)]
+    expected_condition = [16.0, 2500.0, 1.0, 9.0]
+    for row, spread, condition in zip(first, expected_spread, expected_condition, strict=True):
+        assert row["spread"] == pytest.approx(spread, rel=1e-4)
+        assert row["condition_number"] == pytest.approx(condition, rel=1e-3)
+    assert [(r["center_row"], r["center_col"]) for r in first] == [
+        (1.0, -2.0),
+        (0.5, 0.25),
+        (0.0, 0.0),
+        (-3.0, 1.5),
+    ]
+    assert [r["degenerate"] for r in rows] == [False, True, True, False] + [False] * 4
+    for row in rows[4:]:  # paper initialisation: S = I + N(0, 0.01²)
+        assert row["spread"] == pytest.approx(1.0, abs=0.05)
+        assert row["condition_number"] == pytest.approx(1.0, abs=0.2)
+
+
+def test_head_table_isotropic():
+    torch.manual_seed(0)
+    model = create_model("quadratic", **CONFIG)
+    with torch.no_grad():
+        model.attention_layers()[1].spread.copy_(torch.tensor([0.5, 0.04, 3.0, -2.0]))
+    rows = head_table(model)
+    layer1 = [r for r in rows if r["layer"] == 1]
+    assert [r["spread"] for r in layer1] == pytest.approx([0.5, 0.04, 3.0, 2.0], rel=1e-5)
+    assert all(r["condition_number"] == pytest.approx(1.0) for r in rows)
+    assert find_degenerate_heads(model) == {1: [1]}
+    assert find_degenerate_heads(model, min_spread=0.6) == {1: [0, 1]}
+
+
+def test_find_degenerate_heads_thresholds():
+    model = generalized_model()
+    assert find_degenerate_heads(model) == {0: [1, 2]}
+    assert find_degenerate_heads(model, max_condition=10.0) == {0: [0, 1, 2]}
+    assert find_degenerate_heads(model, min_spread=0.001, max_condition=1e4) == {}
+
+
+def test_prune_removes_exactly_the_degenerate_heads():
+    model = generalized_model().eval()
+    reference = copy.deepcopy(model)
+    # Removing a head removes its term Σ_k P^h X W^h_out: zero those columns of `out`.
+    with torch.no_grad():
+        out = reference.attention_layers()[0].out
+        d = reference.attention_layers()[0].head_dim
+        for head in (1, 2):
+            out.weight[:, head * d : (head + 1) * d] = 0
+    x = torch.rand(3, 3, 12, 12)
+    summary = prune_degenerate_heads(model)
+    assert summary.removed == {0: [1, 2]} and summary.heads == [2, 4]
+    assert model.heads_per_layer() == [2, 4]
+    removed_params = 2 * (16 * 16 + 2 + 4)  # per head: out columns, centre, S
+    assert summary.parameters_before - summary.parameters_after == removed_params
+    assert "pruned 2 degenerate head(s)" in str(summary)
+    torch.testing.assert_close(model(x), reference(x), rtol=1e-5, atol=1e-6)
+    kept = [r for r in head_table(model) if r["layer"] == 0]
+    assert [(r["center_row"], r["center_col"]) for r in kept] == [(1.0, -2.0), (-3.0, 1.5)]
+    # The pruned architecture is rebuilt from the per-layer head counts (checkpoint loading).
+    rebuilt = create_model(
+        "quadratic-generalized-pruned", **{**CONFIG, "heads": summary.heads}
+    ).eval()
+    rebuilt.load_state_dict(model.state_dict())
+    torch.testing.assert_close(rebuilt(x), model(x))
+    # Nothing left to prune.
+    assert prune_degenerate_heads(model).removed == {}
+
+
+def test_prune_refuses_to_empty_a_layer():
+    torch.manual_seed(0)
+    model = create_model("quadratic", **CONFIG)
+    with torch.no_grad():
+        model.attention_layers()[1].spread.fill_(0.001)
+    before = copy.deepcopy(model.state_dict())
+    with pytest.raises(ValueError, match="all 4 heads of attention layer 1 are degenerate"):
+        prune_degenerate_heads(model)
+    assert model.heads_per_layer() == [4, 4]
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def test_non_gaussian_models_are_refused():
+    with pytest.raises(ValueError, match=r"needs Gaussian attention.*learned"):
+        head_table(create_model("learned", **CONFIG))
+    with pytest.raises(ValueError, match="no attention layers"):
+        find_degenerate_heads(create_model("resnet18", widths=(4, 4, 4, 4)))
+
+
+def write_checkpoint(path, model, preset="quadratic-generalized"):
+    save_checkpoint(
+        {
+            "preset": preset,
+            "dataset": "cifar10",
+            "model_config": {**CONFIG, "num_classes": 10},
+            "model": model.state_dict(),
+            "epoch": 7,
+        },
+        path,
+    )
+
+
+def test_heads_command(tmp_path, capsys):
+    path = tmp_path / "run.pt"
+    write_checkpoint(path, generalized_model())
+    assert cli.main(["heads", str(path)]) == 0
+    out = capsys.readouterr().out
+    lines = [line.split() for line in out.splitlines()]
+    table = [cells for cells in lines if len(cells) == 7 and cells[0].isdigit()]
+    assert len(table) == 8
+    layer, head, row, col, spread, condition, degenerate = table[1]
+    assert (layer, head, float(row), float(col), degenerate) == ("0", "1", 0.5, 0.25, "yes")
+    assert float(spread) == pytest.approx(math.sqrt(0.02), abs=1e-4)
+    assert float(condition) == pytest.approx(2500, rel=1e-2)
+    assert [cells[-1] for cells in table] == ["no", "yes", "yes", "no", "no", "no", "no", "no"]
+    assert "2 of 8 heads degenerate" in out and "epoch 7" in out
+    assert cli.main(["heads", str(path), "--max-condition", "10"]) == 0
+    assert "3 of 8 heads degenerate" in capsys.readouterr().out
+
+
+def test_heads_command_bad_input(tmp_path, capsys):
+    assert cli.main(["heads", str(tmp_path / "missing.pt")]) == 2
+    assert "missing.pt" in capsys.readouterr().err
+    learned = tmp_path / "learned.pt"
+    write_checkpoint(learned, create_model("learned", **CONFIG), preset="learned")
+    assert cli.main(["heads", str(learned)]) == 2
+    assert "needs Gaussian attention" in capsys.readouterr().err

@@ -1,0 +1,319 @@
+"""Presets, recipes, create_model, parameter and multiply-add counts, `attnconv models`."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import attnconv
+from attnconv import cli
+from attnconv.models import (
+    PRESETS,
+    ImageTransformer,
+    Recipe,
+    ResNet,
+    count_macs,
+    count_parameters,
+    create_model,
+)
+
+PAPER_PRESETS = [
+    "quadratic",
+    "quadratic-generalized",
+    "quadratic-generalized-pruned",
+    "many-heads",
+    "learned",
+    "learned-content",
+    "resnet18",
+]
+
+
+def test_every_preset_is_registered():
+    assert list(PRESETS) == [*PAPER_PRESETS, "quick"]
+    assert attnconv.PRESETS is PRESETS and attnconv.create_model is create_model
+    for name, preset in PRESETS.items():
+        assert preset.name == name and preset.description
+
+
+# Table 1 of the paper (millions of parameters, CIFAR-10).
+PAPER_PARAMETERS = {"quadratic": 12.1, "learned": 12.3, "learned-content": 29.5, "resnet18": 11.2}
+
+
+@pytest.mark.parametrize(("name", "millions"), PAPER_PARAMETERS.items())
+def test_parameter_counts_match_the_paper(name, millions):
+    count = count_parameters(create_model(name))
+    assert abs(count / 1e6 - millions) / millions < 0.02, count
+
+
+def test_architectures_of_the_paper_presets():
+    quadratic = create_model("quadratic")
+    assert isinstance(quadratic, ImageTransformer) and isinstance(create_model("resnet18"), ResNet)
+    assert quadratic.stem == 2 and quadratic.image_size == (32, 32) and quadratic.in_channels == 3
+    layer = quadratic.attention_layers()[0]
+    assert (len(quadratic.blocks), layer.heads, layer.head_dim, layer.dim, layer.value) == (
+        6,
+        9,
+        400,
+        400,
+        None,
+    )
+    assert quadratic.blocks[0].mlp_in.out_features == 512
+    assert layer.dropout == 0.1 and quadratic.blocks[0].dropout.p == 0.1
+    assert quadratic.blocks[0].attention_norm.eps == 1e-12
+    expected = {
+        "quadratic": ("gaussian", False, False, 9),
+        "quadratic-generalized": ("gaussian_full", False, False, 9),
+        "quadratic-generalized-pruned": ("gaussian_full", False, False, 9),
+        "many-heads": ("gaussian", False, False, 16),
+        "learned": ("learned", False, False, 9),
+        "learned-content": ("learned", True, True, 9),
+    }
+    for name, (positional, content, content_positional, heads) in expected.items():
+        layer = create_model(name).attention_layers()[-1]
+        assert (layer.positional, layer.content, layer.content_positional, layer.heads) == (
+            positional,
+            content,
+            content_positional,
+            heads,
+        ), name
+    for name in ("learned", "learned-content"):  # the 16×16 token grid of CIFAR fits
+        assert create_model(name).attention_layers()[0].max_size >= 16
+    normalize = quadratic.normalize
+    torch.testing.assert_close(normalize.mean.flatten(), torch.tensor([0.4914, 0.4822, 0.4465]))
+    torch.testing.assert_close(normalize.std.flatten(), torch.tensor([0.2023, 0.1994, 0.2010]))
+
+
+def test_recipes():
+    paper = Recipe(
+        lr=0.1,
+        momentum=0.9,
+        weight_decay=1e-4,
+        batch_size=100,
+        epochs=300,
+        schedule="cosine",
+        warmup_fraction=0.05,
+        requires_init=False,
+        dataset="cifar10",
+    )
+    for name in ("quadratic", "quadratic-generalized", "many-heads", "learned", "learned-content"):
+        assert PRESETS[name].recipe == paper, name
+    resnet = PRESETS["resnet18"].recipe
+    assert (resnet.schedule, resnet.milestones, resnet.lr, resnet.epochs) == (
+        "step",
+        (80, 150, 250),
+        0.1,
+        300,
+    )
+    pruned = PRESETS["quadratic-generalized-pruned"].recipe
+    assert (pruned.requires_init, pruned.lr, pruned.epochs) == (True, 0.01, 100)
+    quick = PRESETS["quick"].recipe
+    assert quick.dataset == "digits" and quick.epochs <= 30 and quick.batch_size <= 128
+    with pytest.raises(ValueError, match="schedule must be one of"):
+        Recipe(schedule="linear")
+
+
+def test_create_model_overrides():
+    model = create_model(
+        "quadratic",
+        num_classes=100,
+        hidden=24,
+        depth=2,
+        heads=[3, 5],
+        mlp_dim=8,
+        in_channels=1,
+        mean=(0.5,),
+        std=(0.25,),
+        image_size=(28, 28),
+    )
+    assert model.classifier.out_features == 100 and model.heads_per_layer() == [3, 5]
+    assert model(torch.rand(2, 1, 28, 28)).shape == (2, 100)
+    # The preset itself is unchanged by overrides.
+    assert PRESETS["quadratic"].model_kwargs == {"positional": "gaussian"}
+
+
+def test_unknown_preset_lists_valid_ones():
+    with pytest.raises(ValueError, match="unknown preset 'vit'") as info:
+        create_model("vit")
+    for name in PRESETS:
+        assert name in str(info.value)
+
+
+def test_unknown_override_lists_valid_keys():
+    with pytest.raises(ValueError, match="'hiden'") as info:
+        create_model("quick", hiden=3)
+    for key in ("hidden", "heads", "stem", "image_size", "mean", "std", "in_channels"):
+        assert key in str(info.value)
+    with pytest.raises(ValueError, match=r"'hidden'.*valid keys:.*widths"):
+        create_model("resnet18", hidden=3)
+
+
+def test_image_size_the_model_cannot_take():
+    with pytest.raises(ValueError, match="not divisible by the stem width 2"):
+        create_model("quadratic", image_size=(28, 27))
+    with pytest.raises(ValueError, match="max_size"):
+        create_model("learned", image_size=(96, 96))
+
+
+# ---------------------------------------------------------------- multiply-adds
+
+
+def linear_macs(tokens, fan_in, fan_out):
+    return tokens * fan_in * fan_out
+
+
+def transformer_macs(
+    *, h, w, channels, stem, hidden, heads, head_dim, mlp, depth, classes, attention
+):
+    n = h * w
+    per_layer = (
+        attention(n, h, w, heads, head_dim)
+        + (linear_macs(n, hidden, heads * head_dim) if head_dim != hidden else 0)  # value
+        + linear_macs(n, heads * head_dim, hidden)  # out
+        + linear_macs(n, hidden, hidden)  # attention dense
+        + linear_macs(n, hidden, mlp)
+        + linear_macs(n, mlp, hidden)  # feed-forward
+    )
+    return linear_macs(n, channels * stem * stem, hidden) + depth * per_layer + hidden * classes
+
+
+@pytest.mark.parametrize(
+    ("overrides", "attention"),
+    [
+        # separable Gaussian: rows (H×H) then columns (W×W) per head and channel
+        ({"positional": "gaussian"}, lambda n, h, w, heads, d: heads * n * (h + w) * d),
+        # generalized Gaussian: one N×N matrix per head, and the precision S·Sᵀ (2×2) per head
+        ({"positional": "gaussian_full"}, lambda n, h, w, heads, d: heads * n * n * d + heads * 8),
+        # content attention: QKᵀ and PV, plus the query and key projections (hidden 12 → heads·d)
+        (
+            {"positional": None, "content": True},
+            lambda n, h, w, heads, d: 2 * heads * n * n * d + 2 * linear_macs(n, 12, heads * d),
+        ),
+    ],
+)
+@pytest.mark.parametrize("head_dim", [None, 5])
+def test_count_macs_matches_hand_computation(overrides, attention, head_dim):
+    model = ImageTransformer(
+        num_classes=4,
+        image_size=(12, 8),
+        hidden=12,
+        depth=2,
+        heads=3,
+        head_dim=head_dim,
+        mlp_dim=7,
+        **overrides,
+    )
+    expected = transformer_macs(
+        h=6,
+        w=4,
+        channels=3,
+        stem=2,
+        hidden=12,
+        heads=3,
+        head_dim=head_dim or 12,
+        mlp=7,
+        depth=2,
+        classes=4,
+        attention=attention,
+    )
+    assert count_macs(model) == expected
+    assert model.training  # the mode is restored
+
+
+def test_count_macs_resnet_hand_computation():
+    model = ResNet(num_classes=3, widths=(4, 8, 8, 8), blocks=(1, 1, 1, 1), image_size=(8, 8))
+    conv = lambda cin, cout, k, size: cin * cout * k * k * size * size  # noqa: E731
+    expected = (
+        conv(3, 4, 3, 8)
+        + 2 * conv(4, 4, 3, 8)  # stage 1 at 8×8
+        + conv(4, 8, 3, 4)
+        + conv(8, 8, 3, 4)
+        + conv(4, 8, 1, 4)  # stage 2 at 4×4 with projection
+        + 2 * conv(8, 8, 3, 2)
+        + conv(8, 8, 1, 2)  # stage 3 at 2×2, projection (stride 2)
+        + 2 * conv(8, 8, 3, 1)
+        + conv(8, 8, 1, 1)  # stage 4 at 1×1, projection (stride 2)
+        + 8 * 3
+    )
+    assert count_macs(model) == expected
+    assert count_macs(model, image_size=(16, 16)) > expected
+
+
+def test_models_command_prints_every_preset(capsys):
+    assert cli.main(["models"]) == 0
+    out = capsys.readouterr().out
+    units = {"k": 1e3, "M": 1e6, "G": 1e9}
+    rows = {}
+    for line in out.splitlines():
+        match = re.match(
+            r"(\S+)\s+([\d.]+)([kMG])\s+([\d.]+)([kMG])\s+(\d+)x(\d+)x(\d+)\s+(.+)", line
+        )
+        if match:
+            rows[match[1]] = (
+                float(match[2]) * units[match[3]],
+                float(match[4]) * units[match[5]],
+                tuple(int(match[k]) for k in (6, 7, 8)),
+                match[9],
+            )
+    assert list(rows) == list(PRESETS)
+    for name, millions in PAPER_PARAMETERS.items():
+        assert rows[name][0] / 1e6 == pytest.approx(millions, rel=0.02)
+    # quadratic: 6 layers × (separable attention 9·256·32·400 + out 256·3600·400 + dense + FFN) + stem + head
+    quadratic = transformer_macs(
+        h=16,
+        w=16,
+        channels=3,
+        stem=2,
+        hidden=400,
+        heads=9,
+        head_dim=400,
+        mlp=512,
+        depth=6,
+        classes=10,
+        attention=lambda n, h, w, heads, d: heads * n * (h + w) * d,
+    )
+    assert rows["quadratic"][1] == pytest.approx(quadratic, rel=0.005)
+    for name in PAPER_PRESETS:
+        assert rows[name][2] == (32, 32, 3)
+        assert rows[name][3] == PRESETS[name].description
+    assert rows["quick"][2] == (8, 8, 1)
+
+
+# ---------------------------------------------------------------- the quick preset learns
+
+
+@pytest.mark.slow
+def test_quick_preset_learns_digits_on_cpu():
+    """A short run of the quick model (recipe lr/batch, 6 epochs, no augmentation) on the
+    embedded 8×8 digits reaches a held-out accuracy far above chance (10%)."""
+    from sklearn.datasets import load_digits
+
+    torch.manual_seed(0)
+    digits = load_digits()
+    images = torch.tensor(digits.images, dtype=torch.float32)[:, None] / 16.0
+    labels = torch.tensor(digits.target)
+    order = torch.randperm(len(images), generator=torch.Generator().manual_seed(0))
+    train, test = order[:1400], order[1400:]
+    recipe = PRESETS["quick"].recipe
+    model = create_model("quick")
+    optimizer = torch.optim.SGD(model.parameters(), lr=recipe.lr, momentum=recipe.momentum)
+    epochs = 6
+    steps = epochs * (len(train) // recipe.batch_size)
+    schedule = torch.optim.lr_scheduler.OneCycleLR(
+        optimizer, recipe.lr, total_steps=steps, pct_start=0.05, anneal_strategy="cos"
+    )
+    for _ in range(epochs):
+        shuffled = train[torch.randperm(len(train))]
+        for start in range(0, len(train) - recipe.batch_size + 1, recipe.batch_size):
+            batch = shuffled[start : start + recipe.batch_size]
+            loss = F.cross_entropy(model(images[batch]), labels[batch])
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            schedule.step()
+    model.eval()
+    with torch.no_grad():
+        accuracy = (model(images[test]).argmax(1) == labels[test]).float().mean().item()
+    assert accuracy > 0.8
