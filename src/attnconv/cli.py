@@ -18,6 +18,8 @@ import sys
 
 COMMANDS: dict[str, str] = {
     "convert": "attnconv.convert.command",
+    "train": "attnconv.train.command",
+    "eval": "attnconv.train.eval_command",
     "models": "attnconv.models.cli_models",
     "heads": "attnconv.models.cli_heads",
 }

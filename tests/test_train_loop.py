@@ -1,0 +1,296 @@
+"""The training loop end to end on the embedded digits with tiny models: exactness against an
+independent SGD loop, reproducibility, SIGKILL + resume, two-process DDP, divergence, pruning
+fine-tune, `attnconv eval`, and one-line errors for bad input."""
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from attnconv import cli
+from attnconv.data import BatchLoader, load_splits
+from attnconv.models import create_model
+from attnconv.train import loop
+from attnconv.train.checkpoint import load_checkpoint, load_model, save_checkpoint
+from attnconv.train.config import resolve_config
+from attnconv.train.loop import NonFiniteLossError, train
+
+TINY = ["model.hidden=16", "model.depth=1", "model.heads=2", "model.head_dim=8",
+        "model.mlp_dim=32", "batch_size=64"]
+QUIET = ["tensorboard=false", "progress=false", "device=cpu"]
+NO_DROPOUT = ["model.dropout=0", "model.attention_dropout=0"]
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+
+
+def run_cli(*argv: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "attnconv", *argv], env=ENV, timeout=timeout,
+                          capture_output=True, text=True)
+
+
+def weights(run_dir: Path, name: str = "last.pt") -> dict[str, torch.Tensor]:
+    return load_checkpoint(run_dir / "checkpoints" / name)["model"]
+
+
+def assert_same_weights(a: dict, b: dict, atol: float = 0.0) -> None:
+    assert a.keys() == b.keys()
+    for key in a:
+        if atol == 0.0:
+            assert torch.equal(a[key], b[key]), key
+        else:
+            torch.testing.assert_close(a[key], b[key], atol=atol, rtol=0, msg=key)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny models run fastest on one thread (and the subprocesses use one: OMP_NUM_THREADS)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory) -> Path:
+    """A finished 2-epoch run of a tiny `quick` model (shared by the read-only tests)."""
+    run_dir = tmp_path_factory.mktemp("runs") / "quick"
+    train(resolve_config("quick", overrides=["epochs=2", *TINY, *QUIET]), run_dir)
+    return run_dir
+
+
+# ---------------------------------------------------------------------------- the loop itself
+
+
+def test_one_epoch_equals_an_independent_sgd_loop(tmp_path) -> None:
+    """Plain SGD (momentum 0, no weight decay, no dropout) with the closed-form cosine rate."""
+    overrides = [*TINY, *NO_DROPOUT, *QUIET, "epochs=1", "momentum=0", "weight_decay=0",
+                 "batch_size=100", "lr=0.05"]
+    train(resolve_config("quick", overrides=overrides), tmp_path / "run")
+
+    data = load_splits("digits")
+    torch.manual_seed(0)  # the loop seeds the initial weights with config.seed
+    model = create_model("quick", **loop.data_model_config(data),
+                         **resolve_config("quick", overrides=TINY + NO_DROPOUT).model)
+    loader = BatchLoader(data.train, 100, device="cpu", train=True, flip=False, pad=1, seed=0)
+    steps = len(loader)
+    warmup = math.ceil(0.05 * steps)
+    for step, (images, labels) in enumerate(loader.epoch(0)):
+        if step < warmup:
+            lr = 0.05 * (step + 1) / warmup
+        else:
+            lr = 0.05 * 0.5 * (1 + math.cos(math.pi * (step - warmup) / (steps - warmup)))
+        model.zero_grad()
+        F.cross_entropy(model(images), labels).backward()
+        with torch.no_grad():
+            for param in model.parameters():
+                param -= lr * param.grad
+    assert steps == len(data.train) // 100
+    assert_same_weights(weights(tmp_path / "run"), model.state_dict(), atol=1e-6)
+
+
+def test_run_folder_contents_and_recipe(finished_run: Path) -> None:
+    config = json.loads((finished_run / "config.json").read_text())
+    assert config["preset"] == "quick" and config["dataset"] == "digits"
+    assert config["model"] == {"hidden": 16, "depth": 1, "heads": 2, "head_dim": 8, "mlp_dim": 32}
+    records = [json.loads(line) for line in (finished_run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in records] == [1, 2] and [r["step"] for r in records] == [20, 40]
+    schedule = loop.build_schedule("cosine", 0.1, 2, 20, 0.05)  # 1294 images // 64 = 20 steps
+    assert [r["lr"] for r in records] == [schedule(19), schedule(39)]
+    for r in records:
+        assert 0 <= r["train_acc"] <= 1 and 0 <= r["val_acc"] <= 1 and r["images_per_s"] > 0
+
+    summary = json.loads((finished_run / "summary.json").read_text())
+    best = max(records, key=lambda r: r["val_acc"])
+    assert (summary["best_epoch"], summary["best_val_acc"]) == (best["epoch"], best["val_acc"])
+    assert summary["parameters"] == sum(
+        p.numel() for p in load_model(finished_run / "checkpoints" / "best.pt")[0].parameters())
+    assert summary["test_acc"] == pytest.approx(independent_test_accuracy(
+        finished_run / "checkpoints" / "best.pt"), abs=1e-12)
+
+    checkpoint = load_checkpoint(finished_run / "checkpoints" / "last.pt")
+    assert checkpoint["epoch"] == 2 and checkpoint["step"] == 40
+    assert checkpoint["epoch_progress"] is None and checkpoint["metrics"] == records
+    decay, no_decay = checkpoint["optimizer"]["param_groups"]
+    model, _ = load_model(finished_run / "checkpoints" / "last.pt")
+    assert (decay["weight_decay"], no_decay["weight_decay"], decay["momentum"]) == (1e-4, 0.0, 0.9)
+    assert len(no_decay["params"]) == len(model.no_weight_decay_parameters())
+    assert len(decay["params"]) + len(no_decay["params"]) == len(list(model.parameters()))
+    assert {"centers", "spread"} <= {n.rsplit(".", 1)[-1] for n in model.no_weight_decay_parameters()}
+
+
+def independent_test_accuracy(path: Path) -> float:
+    checkpoint = torch.load(path, weights_only=True)
+    model = create_model("quick", **checkpoint["model_config"])
+    model.load_state_dict(checkpoint["model"])
+    test = load_splits("digits").test
+    with torch.no_grad():
+        predictions = model.eval()(test.images.float() / 255).argmax(dim=1)
+    return (predictions == test.labels).double().mean().item()
+
+
+def test_two_runs_give_identical_weights(tmp_path, finished_run: Path) -> None:
+    train(resolve_config("quick", overrides=["epochs=2", *TINY, *QUIET]), tmp_path / "again")
+    assert_same_weights(weights(tmp_path / "again"), weights(finished_run))
+    other_seed = resolve_config("quick", overrides=["epochs=1", "seed=1", *TINY, *QUIET])
+    train(other_seed, tmp_path / "seed1")
+    first = weights(tmp_path / "seed1")
+    assert not torch.equal(first["classifier.weight"], weights(finished_run)["classifier.weight"])
+
+
+def test_sigkill_mid_epoch_then_resume_is_exact(tmp_path) -> None:
+    args = ["--preset", "quick", "--epochs", "2", "model.hidden=32", "model.heads=4",
+            "model.head_dim=8", "model.depth=2", "batch_size=64", "checkpoint_steps=3", *QUIET]
+    reference = run_cli("train", "--out", str(tmp_path / "whole"), *args)
+    assert reference.returncode == 0, reference.stderr
+
+    killed = tmp_path / "killed"
+    last = killed / "checkpoints" / "last.pt"
+    process = subprocess.Popen([sys.executable, "-m", "attnconv", "train", "--out", str(killed),
+                                *args], env=ENV, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 240
+    while not last.exists() and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.002)
+    process.send_signal(signal.SIGKILL)
+    assert process.wait() == -signal.SIGKILL
+    interrupted = load_checkpoint(last)
+    assert interrupted["epoch_progress"] is not None, "killed at an epoch boundary"
+    assert interrupted["step"] % 20 != 0 and interrupted["step"] < 40
+
+    resumed = run_cli("train", "--resume", str(killed))
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"resuming at epoch 1, step {interrupted['step']}" in resumed.stdout + resumed.stderr
+    assert_same_weights(weights(killed), weights(tmp_path / "whole"))
+    a, b = load_checkpoint(last), load_checkpoint(tmp_path / "whole" / "checkpoints" / "last.pt")
+    for state_a, state_b in zip(a["optimizer"]["state"].values(), b["optimizer"]["state"].values(),
+                                strict=True):
+        assert torch.equal(state_a["momentum_buffer"], state_b["momentum_buffer"])
+    for record_a, record_b in zip(a["metrics"], b["metrics"], strict=True):
+        for key in ("train_loss", "train_acc", "val_loss", "val_acc", "lr", "step"):
+            assert record_a[key] == record_b[key], key
+
+
+def test_two_gloo_processes_match_one_process(tmp_path) -> None:
+    args = ["--preset", "quick", "--epochs", "1", *TINY, *NO_DROPOUT, *QUIET]
+    single = run_cli("train", "--out", str(tmp_path / "one"), *args)
+    assert single.returncode == 0, single.stderr
+    ddp = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+         "-m", "attnconv", "train", "--out", str(tmp_path / "two"), *args],
+        env=ENV, capture_output=True, text=True, timeout=300,
+    )
+    assert ddp.returncode == 0, ddp.stderr
+    assert "device cpu x2" in ddp.stdout + ddp.stderr
+    assert_same_weights(weights(tmp_path / "two"), weights(tmp_path / "one"), atol=1e-5)
+    one = load_checkpoint(tmp_path / "one" / "checkpoints" / "last.pt")["metrics"][0]
+    two = load_checkpoint(tmp_path / "two" / "checkpoints" / "last.pt")["metrics"][0]
+    for key in ("train_loss", "train_acc", "val_loss", "val_acc"):
+        assert two[key] == pytest.approx(one[key], abs=1e-5), key
+    # only rank 0 wrote the run folder
+    assert sorted(p.name for p in (tmp_path / "two" / "checkpoints").iterdir()) == [
+        "best.pt", "last.pt"]
+
+
+def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, monkeypatch) -> None:
+    real = F.cross_entropy
+    calls = {"train": 0}
+
+    def diverging(logits, labels, *args, **kwargs):
+        loss = real(logits, labels, *args, **kwargs)
+        if kwargs.get("reduction", "mean") == "mean":
+            calls["train"] += 1
+            if calls["train"] >= 26:  # epoch 2, step 6
+                return loss * float("nan")
+        return loss
+
+    monkeypatch.setattr(loop.F, "cross_entropy", diverging)
+    config = resolve_config("quick", overrides=["epochs=3", "checkpoint_steps=4", *TINY, *QUIET])
+    with pytest.raises(NonFiniteLossError, match="training loss is nan at epoch 2") as info:
+        train(config, tmp_path / "run")
+    last = tmp_path / "run" / "checkpoints" / "last.pt"
+    assert str(last) in str(info.value)
+    checkpoint = load_checkpoint(last)
+    assert checkpoint["step"] == 24 and checkpoint["epoch"] == 1  # saved at step 24, NaN at 26
+    assert all(torch.isfinite(t).all() for t in checkpoint["model"].values())
+    assert not (tmp_path / "run" / "summary.json").exists()
+
+
+def test_prune_then_fine_tune(tmp_path) -> None:
+    source = tmp_path / "generalized"
+    train(resolve_config("quadratic-generalized", "digits", [
+        "epochs=1", "model.hidden=16", "model.depth=2", "model.heads=3", "model.mlp_dim=32",
+        "batch_size=64", *QUIET]), source)
+    checkpoint = load_checkpoint(source / "checkpoints" / "best.pt")
+    model = checkpoint["model"]
+    model["blocks.0.attention.centers"] = torch.tensor([[3.0, 3.0], [0.0, 0.0], [-3.0, -3.0]])
+    model["blocks.0.attention.spread"][1] = 0.01 * torch.eye(2)  # inverse std 0.01: degenerate
+    model["blocks.1.attention.spread"] = torch.eye(2).repeat(3, 1, 1)
+    save_checkpoint(checkpoint, tmp_path / "degenerate.pt")
+
+    out = tmp_path / "pruned"
+    code = cli.main(["train", "--preset", "quadratic-generalized-pruned", "--init",
+                     str(tmp_path / "degenerate.pt"), "--out", str(out), "--epochs", "1", *QUIET])
+    assert code == 0
+    pruned, saved = load_model(out / "checkpoints" / "last.pt")
+    assert saved["model_config"]["heads"] == [2, 3] and pruned.heads_per_layer() == [2, 3]
+    assert saved["preset"] == "quadratic-generalized-pruned" and saved["dataset"] == "digits"
+    centers = pruned.attention_layers()[0].centers.detach()
+    torch.testing.assert_close(centers, torch.tensor([[3.0, 3.0], [-3.0, -3.0]]), atol=0.2, rtol=0)
+    assert json.loads((out / "config.json").read_text())["lr"] == 0.01
+
+
+# ---------------------------------------------------------------------------- commands
+
+
+def test_eval_prints_the_accuracy_of_the_checkpoint(finished_run: Path, capsys) -> None:
+    best = finished_run / "checkpoints" / "best.pt"
+    assert cli.main(["eval", str(best)]) == 0
+    out = capsys.readouterr().out
+    accuracy = independent_test_accuracy(best)
+    count = len(load_splits("digits").test)
+    assert f"accuracy {accuracy:.4f} ({round(accuracy * count)}/{count})" in out
+    summary = json.loads((finished_run / "summary.json").read_text())
+    assert f"loss {summary['test_loss']:.4f}" in out
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["train", "--preset", "nope"], "unknown preset 'nope'; valid presets: quadratic"),
+    (["train", "--preset", "quick", "--dataset", "mnist"], "unknown dataset 'mnist'; valid"),
+    (["train", "--preset", "quick", "lr=-1"], "lr must be > 0, got -1.0"),
+    (["train", "--preset", "quick", "--epochs", "-2"], "epochs must be >= 1, got -2"),
+    (["train", "--preset", "quick", "epochs=two"], "epochs: expected int, got 'two'"),
+    (["train", "--preset", "quick", "colour=red"], "unknown config key 'colour'; valid keys:"),
+    (["train"], "give --preset (one of quadratic"),
+    (["eval", "missing.pt"], "checkpoint missing.pt does not exist"),
+])
+def test_bad_input_is_one_line(argv: list, message: str, capsys) -> None:
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1, err
+
+
+def test_bad_runs_and_checkpoints(finished_run: Path, tmp_path, capsys) -> None:
+    (tmp_path / "empty").mkdir()
+    cases = [
+        (["train", "--resume", str(tmp_path / "empty")], "has no checkpoint to resume from"),
+        (["train", "--resume", str(tmp_path / "nowhere")], "does not exist"),
+        (["train", "--resume", str(finished_run), "--preset", "quadratic"],
+         f"{finished_run} is a run of preset 'quick', not 'quadratic'"),
+        (["train", "--resume", str(finished_run), "lr=0.5"], "takes no other options"),
+        (["train", "--preset", "quick", "--out", str(finished_run)], "already holds a run"),
+        (["train", "--preset", "quadratic-generalized-pruned", "--init",
+          str(finished_run / "checkpoints" / "best.pt")],
+         "is a checkpoint of preset 'quick'; preset 'quadratic-generalized-pruned' fine-tunes a "
+         "model of preset quadratic-generalized"),
+    ]
+    for argv, message in cases:
+        assert cli.main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1, err
