@@ -39,8 +39,7 @@ def check_images(x: torch.Tensor, in_channels: int, model_name: str) -> None:
         raise TypeError(f"{model_name} expects a torch.Tensor of images, got {type(x).__name__}")
     if x.ndim != 4 or x.shape[1] != in_channels:
         raise ValueError(
-            f"{model_name} expects images of shape (B, {in_channels}, H, W), "
-            f"got {tuple(x.shape)}"
+            f"{model_name} expects images of shape (B, {in_channels}, H, W), got {tuple(x.shape)}"
         )
     if not x.is_floating_point():
         raise TypeError(
