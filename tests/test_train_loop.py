@@ -294,3 +294,23 @@ def test_bad_runs_and_checkpoints(finished_run: Path, tmp_path, capsys) -> None:
         assert cli.main(argv) == 2, argv
         err = capsys.readouterr().err
         assert message in err and err.count("\n") == 1, err
+
+
+def test_tensorboard_scalars_and_attention_figure(tmp_path) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run_dir = tmp_path / "run"
+    train(resolve_config("quick", overrides=["epochs=2", *TINY, "progress=false"]), run_dir)
+    events = EventAccumulator(str(run_dir / "tensorboard"), size_guidance={"images": 0}).Reload()
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    for tag, key in [("loss/train", "train_loss"), ("loss/val", "val_loss"),
+                     ("accuracy/train", "train_acc"), ("accuracy/val", "val_acc")]:
+        logged = events.Scalars(tag)
+        assert [e.step for e in logged] == [1, 2]
+        assert [e.value for e in logged] == pytest.approx([r[key] for r in records], rel=1e-6)
+    schedule = loop.build_schedule("cosine", 0.1, 2, 20, 0.05)
+    lr = events.Scalars("lr")
+    assert [e.step for e in lr] == list(range(10, 41, 10))
+    assert [e.value for e in lr] == pytest.approx([schedule(s - 1) for s in range(10, 41, 10)])
+    figures = events.Images("attention")
+    assert [e.step for e in figures] == [1, 2] and figures[0].encoded_image_string[:4] == b"\x89PNG"

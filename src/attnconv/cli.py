@@ -20,6 +20,7 @@ COMMANDS: dict[str, str] = {
     "convert": "attnconv.convert.command",
     "train": "attnconv.train.command",
     "eval": "attnconv.train.eval_command",
+    "demo": "attnconv.train.demo_command",
     "models": "attnconv.models.cli_models",
     "heads": "attnconv.models.cli_heads",
 }

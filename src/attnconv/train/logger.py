@@ -6,26 +6,13 @@ records after each checkpoint, so it always matches ``checkpoints/last.pt``, als
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from torch import nn
 from tqdm import tqdm
-
-
-def attention_figure_function() -> Callable[..., Any] | None:
-    """``attnconv.viz.figures.attention_figure`` if the visualisation module provides it."""
-    if importlib.util.find_spec("attnconv.viz") is None:
-        return None
-    if importlib.util.find_spec("attnconv.viz.figures") is None:
-        return None
-    from attnconv.viz import figures
-
-    return getattr(figures, "attention_figure", None)
 
 
 def write_json(path: Path, value: Any) -> None:
@@ -52,19 +39,17 @@ class RunLogger:
         run_dir: the run folder.
         epochs: the run's length (for console lines).
         enabled: False on the other ranks: every method is then a no-op.
-        tensorboard: write ``run_dir/tensorboard`` event files (scalars, and an attention figure
-            per epoch when ``attnconv.viz.figures.attention_figure`` exists).
+        tensorboard: write ``run_dir/tensorboard`` event files: scalars, and for attention
+            models the figure of ``attnconv.viz.figures.attention_figure`` every epoch.
     """
 
     def __init__(self, run_dir: Path, epochs: int, enabled: bool, tensorboard: bool) -> None:
         self.run_dir, self.epochs, self.enabled = run_dir, epochs, enabled
         self.writer = None
-        self.figure = None
         if enabled and tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
             self.writer = SummaryWriter(str(run_dir / "tensorboard"))
-            self.figure = attention_figure_function()
 
     def print(self, message: str) -> None:
         if self.enabled:
@@ -88,11 +73,13 @@ class RunLogger:
             self.writer.add_scalar(f"loss/{split}", record[f"{split}_loss"], step)
             self.writer.add_scalar(f"accuracy/{split}", record[f"{split}_acc"], step)
         self.writer.add_scalar("images_per_s", record["images_per_s"], step)
-        if self.figure is not None and hasattr(model, "attention_layers"):
+        if hasattr(model, "attention_layers"):
+            from attnconv.viz.figures import attention_figure
+
             was_training = model.training
             model.eval()
             try:
-                self.writer.add_figure("attention", self.figure(model, image_size), step)
+                self.writer.add_figure("attention", attention_figure(model, image_size), step)
             finally:
                 model.train(was_training)
         self.writer.flush()
