@@ -3,9 +3,9 @@
 1. Theorem 1: every convolution of ``attnconv.convert.check``'s battery (1-D and 2-D, strides,
    dilations, groups, paddings) is rebuilt as multi-head self-attention and compared with the
    convolution, forward and backward, in float64 and float32.
-2. Training: the ``quick`` preset (a small isotropic-Gaussian attention model) on the 8×8 digits
-   that ship with scikit-learn, with a checkpoint every epoch; the best epoch on validation is
-   tested on the held-out test images.
+2. Training: the ``quick`` preset (a small isotropic-Gaussian attention model) for ``EPOCHS``
+   epochs on the 8×8 digits that ship with scikit-learn, with a checkpoint every epoch; the best
+   epoch on validation is tested on the held-out test images.
 3. Figures: attention mass contours, attention maps and distances, the Gaussian centres moving
    over the epochs, and the validation-accuracy curve.
 
@@ -22,12 +22,15 @@ from typing import Any
 from tqdm import tqdm
 
 PRESET = "quick"
+# Three times the preset's 20 epochs: on 2 CPU cores about a minute more, and a test accuracy
+# around 97% instead of 92%.
+EPOCHS = 60
 
 
-def run_demo(out_dir: str | Path, epochs: int | None = None, progress: bool = True) -> dict[str, Any]:
+def run_demo(out_dir: str | Path, epochs: int = EPOCHS, progress: bool = True) -> dict[str, Any]:
     """Run the three steps into ``out_dir`` (must not hold a demo yet); returns ``demo.json``'s dict.
 
-    ``epochs`` shortens (or lengthens) the training; ``None`` keeps the preset's recipe.
+    ``epochs``: training length (the cosine schedule spans it).
     """
     from attnconv.convert.check import format_battery, run_battery
     from attnconv.train.config import resolve_config
@@ -58,9 +61,7 @@ def run_demo(out_dir: str | Path, epochs: int | None = None, progress: bool = Tr
     )
 
     tqdm.write(f"2/3  Training the {PRESET!r} preset on the embedded digits")
-    overrides = ["checkpoint_every=1", f"progress={progress}"]
-    if epochs is not None:
-        overrides.append(f"epochs={epochs}")
+    overrides = [f"epochs={epochs}", "checkpoint_every=1", f"progress={progress}"]
     config = resolve_config(PRESET, "digits", overrides)
     summary = train(config, out / "run")
 

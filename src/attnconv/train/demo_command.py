@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import argparse
 
+from attnconv.train.demo import EPOCHS
+
 HELP = "the paper in a few CPU minutes, no download: Theorem 1, training on digits, figures"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", help="folder for everything it writes "
                         "(default attnconv-demo-DATE-TIME)")
-    parser.add_argument("--epochs", type=int, help="training epochs (default: the quick preset's)")
+    parser.add_argument("--epochs", type=int, default=EPOCHS,
+                        help=f"training epochs (default {EPOCHS})")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
