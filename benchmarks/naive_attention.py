@@ -66,9 +66,9 @@ def naive_attention_forward(
     batch, height, width, _ = x.shape
     n, heads, head_dim = height * width, layer.heads, layer.head_dim
     tokens = x.reshape(batch, n, layer.dim)
-    logits = torch.zeros(batch, heads, n, n, device=x.device, dtype=torch.float32)
+    logits = torch.zeros((), device=x.device).expand(batch, heads, n, n)  # (B, heads, N, N)
     if layer.positional is not None:
-        logits = logits + _positional_logits(layer, height, width).float()
+        logits = _positional_logits(layer, height, width).float().expand(batch, heads, n, n)
     if layer.query is not None:
         q = layer.query(tokens).view(batch, n, heads, head_dim).transpose(1, 2)
         if layer.key is not None:

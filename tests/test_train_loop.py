@@ -314,3 +314,41 @@ def test_tensorboard_scalars_and_attention_figure(tmp_path) -> None:
     assert [e.value for e in lr] == pytest.approx([schedule(s - 1) for s in range(10, 41, 10)])
     figures = events.Images("attention")
     assert [e.step for e in figures] == [1, 2] and figures[0].encoded_image_string[:4] == b"\x89PNG"
+
+
+def test_eval_of_the_validation_split_reproduces_the_selection(finished_run: Path, capsys) -> None:
+    assert cli.main(["eval", str(finished_run / "checkpoints" / "best.pt"), "--split", "val"]) == 0
+    summary = json.loads((finished_run / "summary.json").read_text())
+    count = len(load_splits("digits").val)
+    assert f"val ({count} images): accuracy {summary['best_val_acc']:.4f}" in capsys.readouterr().out
+
+
+def test_bf16_autocast_changes_the_numbers_slightly(finished_run: Path) -> None:
+    model, _ = load_model(finished_run / "checkpoints" / "best.pt")
+    loader = BatchLoader(load_splits("digits").test, 100, device="cpu", train=False, flip=False)
+    fp32 = loop.evaluation_sums(model, loader, "fp32")
+    bf16 = loop.evaluation_sums(model, loader, "bf16")
+    assert bf16[2] == fp32[2]
+    assert bf16[0] != fp32[0] and bf16[0] == pytest.approx(fp32[0], rel=2e-2)
+    with loop.autocast("bf16", torch.device("cpu")):
+        assert model(torch.rand(2, 1, 8, 8)).dtype == torch.bfloat16
+
+
+def test_gradient_clipping_bounds_every_update(tmp_path) -> None:
+    clip = 1e-3
+    common = [*TINY, *NO_DROPOUT, *QUIET, "epochs=1", "momentum=0", "weight_decay=0"]
+    train(resolve_config("quick", overrides=[*common, f"grad_clip={clip}"]), tmp_path / "clipped")
+    train(resolve_config("quick", overrides=common), tmp_path / "free")
+    data = load_splits("digits")
+    torch.manual_seed(0)
+    initial = create_model("quick", **loop.data_model_config(data),
+                           **resolve_config("quick", overrides=common).model).state_dict()
+
+    def distance(run: str) -> float:
+        final = weights(tmp_path / run)
+        return sum((final[k] - initial[k]).double().square().sum() for k in initial).sqrt().item()
+
+    schedule = loop.build_schedule("cosine", 0.1, 1, 20, 0.05)
+    bound = sum(schedule(s) for s in range(20)) * clip  # each step moves at most lr · clip
+    assert distance("clipped") <= bound * (1 + 1e-5)
+    assert distance("free") > 10 * bound
