@@ -21,6 +21,21 @@ def relative_offsets(n: int, *, device: torch.device, dtype: torch.dtype) -> Ten
     return idx[None, :] - idx[:, None]
 
 
+def gaussian_axis_logits(center: Tensor, spread: Tensor, offsets: Tensor) -> Tensor:
+    """One axis of the isotropic quadratic score: ``−½ s_h² (δ − c_h)²``.
+
+    Args:
+        center: ``(heads,)`` centre offset along this axis, in pixels.
+        spread: ``(heads,)`` inverse standard deviations ``s``.
+        offsets: any shape ``S`` of offsets ``δ`` along this axis.
+    Returns:
+        ``(heads, *S)`` logits.
+    """
+    extra = (1,) * offsets.dim()
+    diff = offsets[None] - center.view(-1, *extra)
+    return -0.5 * spread.square().view(-1, *extra) * diff.square()
+
+
 def gaussian_factors(
     centers: Tensor, spread: Tensor, height: int, width: int
 ) -> tuple[Tensor, Tensor]:
@@ -33,9 +48,8 @@ def gaussian_factors(
         ``row (heads, H, H)`` and ``col (heads, W, W)`` logits whose outer sum is the score.
     """
     opts = {"device": centers.device, "dtype": centers.dtype}
-    half_s2 = 0.5 * spread.square()[:, None, None]
-    row = -half_s2 * (relative_offsets(height, **opts)[None] - centers[:, 0, None, None]).square()
-    col = -half_s2 * (relative_offsets(width, **opts)[None] - centers[:, 1, None, None]).square()
+    row = gaussian_axis_logits(centers[:, 0], spread, relative_offsets(height, **opts))
+    col = gaussian_axis_logits(centers[:, 1], spread, relative_offsets(width, **opts))
     return row, col
 
 
@@ -46,61 +60,83 @@ def hard_gaussian_factors(centers: Tensor, height: int, width: int) -> tuple[Ten
     image), shared equally among ties. Returns ``row (heads, H, H)`` and ``col (heads, W, W)``
     probability factors (each row sums to one); the attention over pixels is their product.
     """
-    return _nearest_one_hot(centers[:, 0], height), _nearest_one_hot(centers[:, 1], width)
+    opts = {"device": centers.device, "dtype": centers.dtype}
+    return (
+        nearest_offset_probs(centers[:, 0], relative_offsets(height, **opts)),
+        nearest_offset_probs(centers[:, 1], relative_offsets(width, **opts)),
+    )
 
 
-def _nearest_one_hot(center: Tensor, n: int) -> Tensor:
-    """``(heads, n, n)``: for query ``q``, uniform over the keys ``k`` minimising ``(k−q−c)²``."""
-    dist = (
-        relative_offsets(n, device=center.device, dtype=center.dtype)[None]
-        - center.detach()[:, None, None]
-    ).square()
+def nearest_offset_probs(center: Tensor, offsets: Tensor) -> Tensor:
+    """``s → ∞`` limit along one axis: uniform over the offsets (last dim) nearest ``center``.
+
+    ``center (heads,)``, ``offsets (..., n)`` → ``(heads, ..., n)``; not differentiable in
+    ``center`` (the limit is piecewise constant).
+    """
+    dist = (offsets[None] - center.detach().view(-1, *(1,) * offsets.dim())).square()
     nearest = (dist == dist.amin(dim=-1, keepdim=True)).to(center.dtype)
     return nearest / nearest.sum(dim=-1, keepdim=True)
 
 
-def gaussian_full_logits(centers: Tensor, spread_matrix: Tensor, height: int, width: int) -> Tensor:
-    """Logits ``−½ (δ − Δ)ᵀ S Sᵀ (δ − Δ)`` of the generalized quadratic score over all pixel pairs.
+def quadratic_form_logits(
+    centers: Tensor, spread_matrix: Tensor, row_offsets: Tensor, col_offsets: Tensor
+) -> Tensor:
+    """Generalized quadratic score ``−½ (δ − Δ)ᵀ S Sᵀ (δ − Δ)`` on broadcast offset grids.
 
     Args:
         centers: ``(heads, 2)`` centre offsets ``Δ`` in pixels.
         spread_matrix: ``(heads, 2, 2)`` matrices ``S`` with ``Σ⁻¹ = S Sᵀ``.
+        row_offsets, col_offsets: offsets ``δ1``, ``δ2`` of broadcastable shapes.
     Returns:
-        ``(heads, H·W, H·W)`` logits, row-major pixel order, rows are queries.
+        ``(heads, *broadcast shape)`` logits.
+    """
+    dims = max(row_offsets.dim(), col_offsets.dim())
+    extra = (1,) * dims
+    precision = spread_matrix @ spread_matrix.transpose(-1, -2)
+    p00, p01, p11 = (precision[:, i, j].view(-1, *extra) for i, j in ((0, 0), (0, 1), (1, 1)))
+    e1 = row_offsets[None] - centers[:, 0].view(-1, *extra)
+    e2 = col_offsets[None] - centers[:, 1].view(-1, *extra)
+    return -0.5 * (p00 * e1.square() + 2.0 * p01 * e1 * e2 + p11 * e2.square())
+
+
+def gaussian_full_logits(centers: Tensor, spread_matrix: Tensor, height: int, width: int) -> Tensor:
+    """Logits of the generalized quadratic score over all pixel pairs of an ``H×W`` image.
+
+    ``centers (heads, 2)``, ``spread_matrix (heads, 2, 2)`` → ``(heads, H·W, H·W)``, row-major
+    pixel order, rows are queries.
     """
     heads = centers.shape[0]
     opts = {"device": centers.device, "dtype": centers.dtype}
-    precision = spread_matrix @ spread_matrix.transpose(-1, -2)
-    p00, p01, p11 = (
-        precision[:, i, j].view(heads, 1, 1, 1, 1) for i, j in ((0, 0), (0, 1), (1, 1))
-    )
-    # e1: (heads, H, 1, H, 1) row offsets minus centre; e2: (heads, 1, W, 1, W) column offsets.
-    e1 = (relative_offsets(height, **opts)[None] - centers[:, 0, None, None])[:, :, None, :, None]
-    e2 = (relative_offsets(width, **opts)[None] - centers[:, 1, None, None])[:, None, :, None, :]
-    logits = -0.5 * (p00 * e1.square() + 2.0 * p01 * e1 * e2 + p11 * e2.square())
+    # Axes (q1, q2, k1, k2): row offsets vary over (q1, k1), column offsets over (q2, k2).
+    rows = relative_offsets(height, **opts)[:, None, :, None]
+    cols = relative_offsets(width, **opts)[None, :, None, :]
     n = height * width
-    return logits.reshape(heads, n, n)
+    return quadratic_form_logits(centers, spread_matrix, rows, cols).reshape(heads, n, n)
 
 
-def learned_factors(
-    row_embedding: Tensor, col_embedding: Tensor, weight: Tensor, height: int, width: int
+def learned_offset_tables(
+    row_embedding: Tensor, col_embedding: Tensor, weight: Tensor
 ) -> tuple[Tensor, Tensor]:
-    """Row and column logits of the learned relative score ``w_hᵀ [r_row(δ1); r_col(δ2)]``.
+    """Learned relative score per head and offset: ``w_hᵀ r_row(δ1)`` and ``w_hᵀ r_col(δ2)``.
 
     Args:
         row_embedding: ``(2M−1, d_row)`` one vector per row offset ``−(M−1)..M−1``.
         col_embedding: ``(2M−1, d_col)`` one vector per column offset.
         weight: ``(heads, d_row + d_col)`` the per-head vectors ``w_h``.
     Returns:
-        ``row (heads, H, H)`` and ``col (heads, W, W)`` logits.
+        ``row (heads, 2M−1)`` and ``col (heads, 2M−1)``; index ``M−1`` is offset 0.
     """
     d_row = row_embedding.shape[1]
-    row_table = row_embedding @ weight[:, :d_row].T  # (2M−1, heads)
-    col_table = col_embedding @ weight[:, d_row:].T
-    return (
-        _gather_offsets(row_table, height).permute(2, 0, 1),
-        _gather_offsets(col_table, width).permute(2, 0, 1),
-    )
+    return weight[:, :d_row] @ row_embedding.T, weight[:, d_row:] @ col_embedding.T
+
+
+def learned_factors(
+    row_embedding: Tensor, col_embedding: Tensor, weight: Tensor, height: int, width: int
+) -> tuple[Tensor, Tensor]:
+    """Row ``(heads, H, H)`` and column ``(heads, W, W)`` logits of the learned relative score
+    ``w_hᵀ [r_row(δ1); r_col(δ2)]`` (arguments as in :func:`learned_offset_tables`)."""
+    row_table, col_table = learned_offset_tables(row_embedding, col_embedding, weight)
+    return _gather_offsets(row_table, height), _gather_offsets(col_table, width)
 
 
 def offset_index(n: int, table_size: int, device: torch.device) -> Tensor:
@@ -111,8 +147,8 @@ def offset_index(n: int, table_size: int, device: torch.device) -> Tensor:
 
 
 def _gather_offsets(table: Tensor, n: int) -> Tensor:
-    """``table (2M−1, ...)`` indexed by ``k − q``: returns ``(n, n, ...)``."""
-    return table[offset_index(n, table.shape[0], table.device)]
+    """``table (heads, 2M−1)`` indexed by ``k − q``: returns ``(heads, n, n)``."""
+    return table[:, offset_index(n, table.shape[1], table.device)]
 
 
 def content_positional_logits(

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from attnconv.attention import MultiHeadSelfAttention2d
+from attnconv.attention import MultiHeadSelfAttention2d, scores
 from attnconv.attention.scores import softmax_without_subnormals
 from attnconv.convert.theorem import AttentionConv
 
@@ -36,24 +36,20 @@ def offset_probabilities(layer: MultiHeadSelfAttention2d, height: int, width: in
     d1 = torch.arange(-(height - 1), height, **opts)  # row offsets
     d2 = torch.arange(-(width - 1), width, **opts)
     if layer.positional == "gaussian_full":
-        e1 = d1[None, :, None] - layer.centers[:, 0, None, None]  # (heads, 2H−1, 1)
-        e2 = d2[None, None, :] - layer.centers[:, 1, None, None]  # (heads, 1, 2W−1)
-        precision = layer.spread @ layer.spread.transpose(-1, -2)
-        p00, p01, p11 = (precision[:, i, j, None, None] for i, j in ((0, 0), (0, 1), (1, 1)))
-        logits = -0.5 * (p00 * e1.square() + 2.0 * p01 * e1 * e2 + p11 * e2.square())
+        logits = scores.quadratic_form_logits(layer.centers, layer.spread, d1[:, None], d2[None, :])
         return softmax_without_subnormals(logits.flatten(1)).view_as(logits)
     if layer.hard:
-        row = _nearest(d1[None] - layer.centers[:, 0, None])
-        col = _nearest(d2[None] - layer.centers[:, 1, None])
+        row = scores.nearest_offset_probs(layer.centers[:, 0], d1)
+        col = scores.nearest_offset_probs(layer.centers[:, 1], d2)
     else:
         if layer.positional == "gaussian":
-            half_s2 = 0.5 * layer.spread.square()[:, None]
-            row = -half_s2 * (d1[None] - layer.centers[:, 0, None]).square()
-            col = -half_s2 * (d2[None] - layer.centers[:, 1, None]).square()
-        else:  # learned: tables over offsets −(M−1)..(M−1), row M−1 is offset 0
-            d_row, middle = layer.row_embedding.shape[1], layer.max_size - 1
-            row = (layer.row_embedding @ layer.positional_weight[:, :d_row].T).T
-            col = (layer.col_embedding @ layer.positional_weight[:, d_row:].T).T
+            row = scores.gaussian_axis_logits(layer.centers[:, 0], layer.spread, d1)
+            col = scores.gaussian_axis_logits(layer.centers[:, 1], layer.spread, d2)
+        else:  # learned: tables over offsets −(M−1)..(M−1), index M−1 is offset 0
+            middle = layer.max_size - 1
+            row, col = scores.learned_offset_tables(
+                layer.row_embedding, layer.col_embedding, layer.positional_weight
+            )
             row = row[:, middle - (height - 1) : middle + height]
             col = col[:, middle - (width - 1) : middle + width]
         row, col = softmax_without_subnormals(row), softmax_without_subnormals(col)
@@ -157,13 +153,6 @@ def _conv_kernel(module: AttentionConv, height: int | None, width: int | None) -
     blocks = taps.reshape(g, out_channels // g, g, in_channels // g, kh * kw)
     diagonal = blocks.diagonal(dim1=0, dim2=2).permute(3, 0, 1, 2)  # (g, out/g, in/g, heads)
     return diagonal.reshape(module.weight.shape)
-
-
-def _nearest(distance: Tensor) -> Tensor:
-    """``(heads, n)``: one-hot on the offsets nearest the centre, ties shared equally."""
-    sq = distance.detach().square()
-    nearest = (sq == sq.amin(dim=-1, keepdim=True)).to(distance.dtype)
-    return nearest / nearest.sum(dim=-1, keepdim=True)
 
 
 def _check_type(layer: object) -> None:
