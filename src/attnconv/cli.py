@@ -18,6 +18,9 @@ import sys
 
 COMMANDS: dict[str, str] = {
     "convert": "attnconv.convert.command",
+    "plot": "attnconv.viz.cli_plot",
+    "explore": "attnconv.viz.cli_explore",
+    "report": "attnconv.viz.cli_report",
     "train": "attnconv.train.command",
     "eval": "attnconv.train.eval_command",
     "demo": "attnconv.train.demo_command",

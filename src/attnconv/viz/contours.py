@@ -157,7 +157,7 @@ def contour_figure(
     fig.legend(
         handles=handles,
         loc="outside lower center",
-        ncol=min(len(handles), 7),
+        ncol=min(len(handles), 2 * columns + 1),
         fontsize=8,
         frameon=False,
     )

@@ -248,8 +248,8 @@ def map_grid_figure(
     zoom = "" if window is None else f", window ±{window}"
     fig.suptitle(
         title
-        or f"Attention of each head to the key tokens, query token {tuple(query)} "
-        f"({maps.description}{zoom}; colour scale 0 to the max printed in each map)",
+        or f"Attention from query token {tuple(query)} ({maps.description}{zoom})\n"
+        "colour: 0 to each map's maximum, printed in its corner",
         fontsize=10,
     )
     return fig

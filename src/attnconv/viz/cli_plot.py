@@ -1,0 +1,56 @@
+"""``attnconv plot CHECKPOINT --out DIR``: every attention figure of a checkpoint, PNG and PDF."""
+
+from __future__ import annotations
+
+import argparse
+
+HELP = "draw a checkpoint's attention figures (contours, maps, distances, centre trajectories)"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("checkpoint", help="a checkpoint file, or a run folder (its last.pt)")
+    parser.add_argument("--out", required=True, help="folder for the figures")
+    parser.add_argument(
+        "--query",
+        type=int,
+        nargs=2,
+        metavar=("ROW", "COL"),
+        help="query token (default: the centre of the token grid)",
+    )
+    parser.add_argument(
+        "--window",
+        type=int,
+        help="zoom the maps to this many tokens around the query (default: all)",
+    )
+    parser.add_argument(
+        "--images",
+        type=int,
+        default=16,
+        help="models with content scores: average over this many test images (default: 16)",
+    )
+    parser.add_argument(
+        "--image-index",
+        type=int,
+        default=0,
+        help="models with content scores: the test image of the single-image figures (default: 0)",
+    )
+    parser.add_argument("--data-dir", help="dataset folder (default: attnconv's data folder)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from attnconv.viz.figures import plot_checkpoint
+
+    result = plot_checkpoint(
+        args.checkpoint,
+        args.out,
+        query=None if args.query is None else tuple(args.query),
+        window=args.window,
+        num_images=args.images,
+        image_index=args.image_index,
+        data_dir=args.data_dir,
+    )
+    print(result.table)
+    print(f"wrote {len(result.files)} files to {args.out}:")
+    for path in result.files:
+        print(f"  {path}")
+    return 0

@@ -1,0 +1,173 @@
+"""Every figure of a checkpoint at once (``attnconv plot``), and the training loop's figure hook."""
+
+from __future__ import annotations
+
+import csv
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from matplotlib.figure import Figure
+from torch import Tensor, nn
+
+from attnconv.viz.contours import contour_figure
+from attnconv.viz.distance import add_distances, distance_figure, format_head_table, layer_distances
+from attnconv.viz.maps import (
+    attention_layers,
+    compute_attention,
+    is_position_only,
+    map_grid_figure,
+)
+from attnconv.viz.style import save_figure
+from attnconv.viz.trajectories import load_center_trajectories, trajectory_figure
+
+GAUSSIAN = ("gaussian", "gaussian_full")
+# Grey level of the uniform probe image used for content models when no images are given.
+PROBE_GREY = 0.5
+
+
+def is_gaussian(model: nn.Module) -> bool:
+    """True when every attention layer of ``model`` has a Gaussian positional score."""
+    return all(layer.positional in GAUSSIAN for layer in attention_layers(model))
+
+
+def attention_figure(
+    model: nn.Module, image_size: tuple[int, int], images: Tensor | None = None
+) -> Figure:
+    """The figure that shows what a model's attention has learned (logged by training each epoch).
+
+    Gaussian models: the per-layer mass-contour figure for the centre query token. Other models:
+    the layer × head grid of attention maps for that query. For models with content scores the
+    attention is averaged over ``images`` (float ``(B, C, H, W)`` in ``[0, 1]``); without images a
+    uniform grey image is used, and the title says so. ``image_size`` is ``(H, W)`` of the input.
+    """
+    if images is None and not is_position_only(model):
+        channels = int(getattr(model, "in_channels", 3))
+        images = torch.full((1, channels, *image_size), PROBE_GREY)
+        maps = compute_attention(model, image_size, images)
+        maps.description = f"on a uniform grey ({PROBE_GREY}) image"
+    else:
+        maps = compute_attention(model, image_size, images)
+    if is_gaussian(model):
+        return contour_figure(maps)
+    return map_grid_figure(maps)
+
+
+def checkpoint_path(path: str | Path) -> Path:
+    """``path`` if it is a file, ``path/checkpoints/last.pt`` if it is a run folder."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "checkpoints" / "last.pt"
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint {str(path)!r} does not exist")
+    return path
+
+
+def run_folder(checkpoint: Path) -> Path | None:
+    """The run folder of a checkpoint stored as ``RUN_DIR/checkpoints/NAME.pt``, else None."""
+    parent = checkpoint.resolve().parent
+    return parent.parent if parent.name == "checkpoints" else None
+
+
+def test_images(dataset: str, count: int, data_dir: str | None) -> tuple[Tensor, list[str]]:
+    """The first ``count`` test images of ``dataset`` as floats in ``[0, 1]`` and their captions."""
+    from attnconv.data import load_splits
+
+    if count < 1:
+        raise ValueError(f"need at least one test image, got {count}")
+    splits = load_splits(dataset, data_dir=data_dir)
+    images = splits.test.images[:count].float() / 255.0
+    labels = [
+        f"test {i}: {splits.classes[int(y)]}" for i, y in enumerate(splits.test.labels[:count])
+    ]
+    return images, labels
+
+
+@dataclass
+class PlotResult:
+    """What ``plot_checkpoint`` wrote: the figure files, the head table rows and its text."""
+
+    files: list[Path]
+    heads: list[dict[str, Any]]
+    table: str
+
+
+def plot_checkpoint(
+    path: str | Path,
+    out_dir: str | Path,
+    query: tuple[int, int] | None = None,
+    window: int | None = None,
+    num_images: int = 16,
+    image_index: int = 0,
+    data_dir: str | None = None,
+) -> PlotResult:
+    """Write every figure of a checkpoint (or run folder) into ``out_dir`` as PNG and PDF.
+
+    ``contours`` (mass contours per layer), ``maps`` (layer × head maps, zoomed to ``window`` tokens
+    around ``query`` when given), ``distance`` (attention distance per head and layer),
+    ``trajectories`` (Gaussian centres over the run's ``checkpoints/epoch_*.pt``, when there are
+    any) and ``heads.csv`` (the head table with attention distances). Models with content scores
+    use test images of the checkpoint's dataset: maps and contours for test image
+    ``image_index``, plus ``maps_average`` and the distances over the first ``num_images``.
+    """
+    from attnconv.train.checkpoint import load_model
+
+    path = checkpoint_path(path)
+    model, checkpoint = load_model(path)
+    if not hasattr(model, "attention_layers"):
+        raise ValueError(f"{str(path)!r} holds a {type(model).__name__}, which has no attention")
+    image_size = tuple(model.image_size)
+    out = Path(out_dir)
+    files: list[Path] = []
+    name = f"{checkpoint['preset']}, epoch {checkpoint['epoch']}"
+    if is_position_only(model):
+        maps = averaged = compute_attention(model, image_size)
+        image = None
+    else:
+        images, labels = test_images(
+            checkpoint["dataset"], max(num_images, image_index + 1), data_dir
+        )
+        if not 0 <= image_index < images.shape[0]:
+            raise ValueError(f"image_index {image_index} is outside the test set")
+        image = images[image_index]
+        maps = compute_attention(model, image_size, image[None])
+        maps.description = labels[image_index]
+        averaged = compute_attention(model, image_size, images[:num_images])
+        files += save_figure(map_grid_figure(averaged, query, window), out, "maps_average")
+    files += save_figure(contour_figure(maps, query), out, "contours")
+    files += save_figure(map_grid_figure(maps, query, window, image=image), out, "maps")
+    distances = layer_distances(averaged)
+    files += save_figure(
+        distance_figure(
+            distances,
+            stem=averaged.stem,
+            title=f"Attention distance per head ({name}, {averaged.description})",
+        ),
+        out,
+        "distance",
+    )
+    run = run_folder(path)
+    if is_gaussian(model) and run is not None and list((run / "checkpoints").glob("epoch_*.pt")):
+        files += save_figure(trajectory_figure(load_center_trajectories(run)), out, "trajectories")
+    rows = add_distances(_head_rows(model), distances)
+    files.append(_write_csv(rows, out / "heads.csv"))
+    return PlotResult(files, rows, format_head_table(rows))
+
+
+def _head_rows(model: nn.Module) -> list[dict[str, Any]]:
+    """``attnconv heads``' table for Gaussian models, else no rows (distances only)."""
+    if not is_gaussian(model):
+        return []
+    from attnconv.models.heads import head_table
+
+    return head_table(model)
+
+
+def _write_csv(rows: list[dict[str, Any]], path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    return path
