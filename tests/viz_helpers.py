@@ -23,12 +23,15 @@ def small_model(preset: str, **overrides: Any) -> tuple[nn.Module, dict[str, Any
         config.setdefault("max_size", 8)
     torch.manual_seed(0)
     model = create_model(preset, **config).eval()
-    with torch.no_grad():  # BERT init makes content scores ~0: make them matter
+    with torch.no_grad():  # init makes content and learned scores ~0: make them matter
         model.embed.weight.normal_(0.0, 1.0)
         for layer in model.attention_layers():
             for linear in (layer.query, layer.key):
                 if linear is not None:
                     linear.weight.normal_(0.0, 1.0)
+            if layer.positional == "learned":  # likewise the learned positional scores
+                for table in (layer.row_embedding, layer.col_embedding, layer.positional_weight):
+                    table.normal_(0.0, 1.0)
     return model, config
 
 
