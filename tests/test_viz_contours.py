@@ -7,7 +7,7 @@ import torch
 from attnconv import MultiHeadSelfAttention2d
 from attnconv.viz.contours import contour_figure, mass_region, mass_threshold, region_outline
 from attnconv.viz.maps import AttentionMaps, compute_attention
-from attnconv.viz.style import head_color
+from attnconv.viz.style import palette_color
 
 
 def reference_region(values: np.ndarray, mass: float) -> np.ndarray:
@@ -100,7 +100,7 @@ def test_contour_figure_draws_exactly_the_regions():
                 coll = by_gid[f"layer{layer_index}-head{head}-mass{mass:g}"]
                 assert segment_set(np.asarray(coll.get_segments())) == edges_of(target)
                 np.testing.assert_allclose(
-                    coll.get_colors()[0][:3], _rgb(head_color(head)), atol=1e-6
+                    coll.get_colors()[0][:3], _rgb(palette_color(head)), atol=1e-6
                 )
         squares = [p for p in ax.patches if p.get_width() == 1]
         assert [(p.get_x(), p.get_y()) for p in squares] == [(query[1] - 0.5, query[0] - 0.5)]
@@ -133,5 +133,5 @@ def _rgb(hex_color: str) -> list[float]:
 
 
 def test_palette_has_nine_distinct_colours_then_cycles():
-    assert len({head_color(h) for h in range(9)}) == 9
-    assert head_color(9) == head_color(0)
+    assert len({palette_color(h) for h in range(9)}) == 9
+    assert palette_color(9) == palette_color(0)

@@ -19,7 +19,7 @@ from matplotlib.patches import Rectangle
 from torch import Tensor
 
 from attnconv.viz.maps import AttentionMaps, default_query, query_index
-from attnconv.viz.style import QUERY_COLOR, head_color, new_figure
+from attnconv.viz.style import QUERY_COLOR, new_figure, palette_color
 
 MASSES: tuple[float, ...] = (0.5, 0.9)
 LINESTYLES: tuple[str, ...] = ("solid", "dashed", "dotted", "dashdot")
@@ -81,7 +81,7 @@ def contour_figure(
 ) -> Figure:
     """One panel per layer: every head's mass contours around ``query`` on the token grid.
 
-    Head ``h`` is drawn in ``head_color(h)`` with its number written at the centre of mass of its
+    Head ``h`` is drawn in ``palette_color(h)`` with its number written at the centre of mass of its
     attention; the i-th mass uses line style ``LINESTYLES[i]``; the query token is a black square.
     Each outline is a ``LineCollection`` with gid ``"layer{l}-head{h}-mass{m}"``.
     """
@@ -105,7 +105,7 @@ def contour_figure(
         ax.add_patch(Rectangle((query[1] - 0.5, query[0] - 0.5), 1, 1, color=QUERY_COLOR, zorder=3))
         for head in range(layer_maps.shape[0]):
             values = _as_array(layer_maps[head])
-            color = head_color(head)
+            color = palette_color(head)
             for mass, style in zip(masses, LINESTYLES, strict=False):
                 lines = LineCollection(
                     region_outline(mass_region(values, mass)),
@@ -145,7 +145,7 @@ def contour_figure(
         ax.set_axis_off()
     heads = max(m.shape[0] for m in per_layer)
     handles = [
-        Line2D([], [], color=head_color(k), linewidth=2, label=f"head {k}") for k in range(heads)
+        Line2D([], [], color=palette_color(k), linewidth=2, label=f"head {k}") for k in range(heads)
     ]
     handles += [
         Line2D([], [], color="0.3", linestyle=style, label=f"{mass:.0%} of the mass")

@@ -17,7 +17,7 @@ from matplotlib.figure import Figure
 from torch import Tensor
 
 from attnconv.viz.maps import AttentionMaps
-from attnconv.viz.style import head_color, new_figure
+from attnconv.viz.style import new_figure, palette_color
 
 
 def pairwise_distances(grid: tuple[int, int], dtype: torch.dtype = torch.float64) -> Tensor:
@@ -110,7 +110,7 @@ def distance_figure(distances: Sequence[Tensor], stem: int = 1, title: str | Non
             ax.scatter(
                 layer + offsets[head],
                 value,
-                color=head_color(head),
+                color=palette_color(head),
                 s=28,
                 edgecolors="black",
                 linewidths=0.4,

@@ -17,7 +17,7 @@ from typing import Any
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
-from attnconv.viz.style import head_color, new_figure
+from attnconv.viz.style import new_figure, palette_color
 
 
 @dataclass
@@ -159,7 +159,7 @@ def report_figure(runs: Sequence[Run], title: str | None = None) -> Figure:
     fig = new_figure(7.5, 4.5)
     ax = fig.subplots()
     for index, run in enumerate(runs):
-        color = head_color(index)
+        color = palette_color(index)
         points = [
             (m["epoch"], 100 * m["val_acc"]) for m in run.metrics if m.get("val_acc") is not None
         ]

@@ -7,7 +7,7 @@ from pathlib import Path
 from matplotlib.figure import Figure
 
 # Paul Tol's "muted" qualitative scheme: nine colours distinguishable under the common forms of
-# colour blindness (https://personal.sron.nl/~pault/). Head h gets HEAD_COLORS[h % 9]; figures also
+# colour blindness (Paul Tol's notes on colour schemes). Head h gets HEAD_COLORS[h % 9]; figures also
 # write the head number next to each head, so more than nine heads stay readable.
 HEAD_COLORS: tuple[str, ...] = (
     "#CC6677",
@@ -25,9 +25,9 @@ MAP_CMAP = "viridis"
 QUERY_COLOR = "black"
 
 
-def head_color(head: int) -> str:
-    """Colour of head ``head`` (0-based)."""
-    return HEAD_COLORS[head % len(HEAD_COLORS)]
+def palette_color(index: int) -> str:
+    """Colour of head (or run) ``index`` (0-based); cycles after nine."""
+    return HEAD_COLORS[index % len(HEAD_COLORS)]
 
 
 def new_figure(width: float, height: float) -> Figure:

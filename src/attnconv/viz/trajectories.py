@@ -15,7 +15,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Rectangle
 
-from attnconv.viz.style import QUERY_COLOR, head_color, new_figure
+from attnconv.viz.style import QUERY_COLOR, new_figure, palette_color
 
 CENTERS_SUFFIX = "centers"
 CHECKPOINT_FORMAT = "attnconv-checkpoint"
@@ -91,7 +91,7 @@ def load_center_trajectories(run_dir: str | Path) -> CenterTrajectories:
 def trajectory_figure(trajectories: CenterTrajectories, title: str | None = None) -> Figure:
     """One panel per layer: each head's centre ``Δ`` over the epochs, relative to the query.
 
-    Head ``h`` is a line in ``head_color(h)`` through its centres (column offset on x, row offset on
+    Head ``h`` is a line in ``palette_color(h)`` through its centres (column offset on x, row offset on
     y, rows downward), an open circle at the first epoch and a filled one at the last; the query
     token is the black square at the origin. Each head's line has gid ``"layer{l}-head{h}"``.
     """
@@ -105,7 +105,7 @@ def trajectory_figure(trajectories: CenterTrajectories, title: str | None = None
         ax = axes[layer]
         ax.add_patch(Rectangle((-0.5, -0.5), 1, 1, color=QUERY_COLOR, zorder=2))
         for head in range(centers.shape[1]):
-            color = head_color(head)
+            color = palette_color(head)
             row, col = centers[:, head, 0], centers[:, head, 1]
             (line,) = ax.plot(
                 col, row, color=color, linewidth=1.5, marker=".", markersize=4, zorder=3

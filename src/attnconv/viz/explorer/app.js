@@ -118,7 +118,7 @@
   const mapsEl = document.getElementById("maps");
   const cells = [];
   const maxHeads = Math.max(...D.heads);
-  mapsEl.style.gridTemplateColumns = `1.4rem repeat(${maxHeads}, minmax(44px, ${Math.max(64, 640 / maxHeads)}px))`;
+  mapsEl.style.gridTemplateColumns = `1.4rem repeat(${maxHeads}, minmax(44px, ${Math.max(64, 900 / maxHeads)}px))`;
   mapsEl.appendChild(document.createElement("div"));
   for (let head = 0; head < maxHeads; head++) {
     const el = document.createElement("div");
