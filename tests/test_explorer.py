@@ -102,6 +102,9 @@ def test_position_only_explorer(browser, tmp_path, preset):
         np.testing.assert_array_equal(canvas_rgb(page, 0, 1), expected_rgb)
         shown.append(maps)
     assert np.abs(shown[0][1] - shown[1][1]).max() > 0.05  # the maps followed the query
+    page.keyboard.press("ArrowRight")  # the picker has focus after the click
+    page.wait_for_function("window.attnconv.state.query.join() == '4,2'")
+    np.testing.assert_allclose(displayed(page)[1], probs[1][:, 4 * grid[1] + 2], atol=tolerance)
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=ARTIFACTS / f"explorer_{preset}.png", full_page=True)
     assert errors == []
