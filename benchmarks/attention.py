@@ -30,6 +30,8 @@ from attnconv import MultiHeadSelfAttention2d
 
 SCORES = {
     "gaussian": {"positional": "gaussian"},
+    # Trained Gaussian heads contract (s > 1): more probabilities underflow into subnormals.
+    "gaussian s=2": {"positional": "gaussian", "spread": 2.0},
     "gaussian_full": {"positional": "gaussian_full"},
     "learned": {"positional": "learned"},
     "content": {"positional": None, "content": True},
@@ -52,7 +54,12 @@ def measure(score: str, size: str, path: str, repeats: int, device: str) -> dict
     """Seconds per forward+backward and peak extra memory (bytes) of one configuration."""
     batch, height, width, heads, dim = SIZES[size]
     torch.manual_seed(0)
-    layer = MultiHeadSelfAttention2d(dim, heads, max_size=max(height, width), **SCORES[score])
+    options = dict(SCORES[score])
+    spread = options.pop("spread", None)
+    layer = MultiHeadSelfAttention2d(dim, heads, max_size=max(height, width), **options)
+    if spread is not None:
+        with torch.no_grad():
+            layer.spread.fill_(spread)
     layer = layer.to(device)
     if path == "naive":
         sys.path.insert(0, str(Path(__file__).parent))
