@@ -15,8 +15,13 @@ class Normalize(nn.Module):
     ``mean`` and ``std`` are saved in the ``state_dict``.
     """
 
-    def __init__(self, mean: Sequence[float], std: Sequence[float]) -> None:
+    def __init__(self, mean: Sequence[float], std: Sequence[float], in_channels: int) -> None:
         super().__init__()
+        if len(tuple(mean)) != in_channels:
+            raise ValueError(
+                f"mean/std need one value per input channel: in_channels={in_channels}, "
+                f"got mean={tuple(mean)} (pass mean=... and std=... with the channel count)"
+            )
         mean_t = torch.as_tensor(tuple(mean), dtype=torch.float32)
         std_t = torch.as_tensor(tuple(std), dtype=torch.float32)
         if mean_t.ndim != 1 or mean_t.shape != std_t.shape or len(mean_t) == 0:

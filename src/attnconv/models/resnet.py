@@ -64,15 +64,10 @@ class ResNet(nn.Module):
                 f"blocks and widths must have the same nonzero length, got {tuple(blocks)} "
                 f"and {tuple(widths)}"
             )
-        if len(tuple(mean)) != in_channels:
-            raise ValueError(
-                f"mean/std need one value per input channel: in_channels={in_channels}, "
-                f"got mean={tuple(mean)}"
-            )
         self.num_classes = num_classes
         self.in_channels = in_channels
         self.image_size = (int(image_size[0]), int(image_size[1]))
-        self.normalize = Normalize(mean, std)
+        self.normalize = Normalize(mean, std, in_channels)
         self.conv1 = nn.Conv2d(in_channels, widths[0], 3, stride=1, padding=1, bias=False)
         self.bn1 = nn.BatchNorm2d(widths[0])
         stages = []

@@ -148,11 +148,6 @@ class ImageTransformer(nn.Module):
                 f"heads must be a positive int or a list of {depth} positive ints (one per "
                 f"layer), got {heads!r}"
             )
-        if len(tuple(mean)) != in_channels:
-            raise ValueError(
-                f"mean/std need one value per input channel: in_channels={in_channels}, "
-                f"got mean={tuple(mean)} (pass mean=... and std=... with the channel count)"
-            )
         self.num_classes = num_classes
         self.in_channels = in_channels
         self.stem = stem
@@ -161,7 +156,7 @@ class ImageTransformer(nn.Module):
         self.image_size = (int(image_size[0]), int(image_size[1]))
         self.token_grid(*self.image_size)
 
-        self.normalize = Normalize(mean, std)
+        self.normalize = Normalize(mean, std, in_channels)
         self.embed = nn.Linear(in_channels * stem * stem, hidden)
         self.blocks = nn.ModuleList(
             TransformerBlock(
