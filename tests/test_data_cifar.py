@@ -1,13 +1,10 @@
 """CIFAR-10/100: archives built in the exact CIFAR pickle format, served from 127.0.0.1."""
 
 import dataclasses
-import functools
 import hashlib
-import http.server
 import io
 import pickle
 import tarfile
-import threading
 from pathlib import Path
 
 import numpy as np
@@ -77,31 +74,6 @@ def make_archive(folder, archive):
         info.size = len(readme)
         tar.addfile(info, io.BytesIO(readme))
     return hashlib.md5(archive.read_bytes()).hexdigest()
-
-
-class QuietHandler(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, *args):
-        pass
-
-
-@pytest.fixture
-def http_root(tmp_path, monkeypatch):
-    """(folder served, its base URL) from a local server on a free port, shut down afterwards."""
-    monkeypatch.setenv("NO_PROXY", "127.0.0.1")
-    monkeypatch.setenv("no_proxy", "127.0.0.1")
-    root = tmp_path / "www"
-    root.mkdir()
-    server = http.server.ThreadingHTTPServer(
-        ("127.0.0.1", 0), functools.partial(QuietHandler, directory=str(root))
-    )
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05})
-    thread.start()
-    try:
-        yield root, f"http://127.0.0.1:{server.server_address[1]}/"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=10)
 
 
 def serve_cifar10(tmp_path, http_root, monkeypatch, md5=None):

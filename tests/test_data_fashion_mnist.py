@@ -1,11 +1,8 @@
 """Fashion-MNIST: idx files written here byte by byte, the real Debian files, and downloads."""
 
-import functools
 import gzip
 import hashlib
-import http.server
 import struct
-import threading
 
 import numpy as np
 import pytest
@@ -106,35 +103,18 @@ def test_inconsistent_files_are_named(tmp_path):
         load_fashion_mnist(tmp_path, download=False)
 
 
-class QuietHandler(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, *args):
-        pass
-
-
 @pytest.fixture
-def served(tmp_path, monkeypatch):
+def served(tmp_path, http_root, monkeypatch):
     """Fashion-MNIST .gz files served from 127.0.0.1 on a free port; the system copy hidden."""
-    monkeypatch.setenv("NO_PROXY", "127.0.0.1")
-    monkeypatch.setenv("no_proxy", "127.0.0.1")
-    root = tmp_path / "www"
+    root, base = http_root
     arrays = write_fashion_folder(root)
-    server = http.server.ThreadingHTTPServer(
-        ("127.0.0.1", 0), functools.partial(QuietHandler, directory=str(root))
-    )
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05})
-    thread.start()
     monkeypatch.setattr(fashion_mnist, "SYSTEM_DIR", tmp_path / "not-installed")
-    monkeypatch.setattr(fashion_mnist, "BASE_URL", f"http://127.0.0.1:{server.server_address[1]}/")
+    monkeypatch.setattr(fashion_mnist, "BASE_URL", base)
     for name in fashion_mnist.MD5S:
         monkeypatch.setitem(
             fashion_mnist.MD5S, name, hashlib.md5((root / name).read_bytes()).hexdigest()
         )
-    try:
-        yield arrays
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=10)
+    return arrays
 
 
 def test_download_checks_each_file(tmp_path, served):
