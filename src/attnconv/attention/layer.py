@@ -221,29 +221,26 @@ class MultiHeadSelfAttention2d(nn.Module):
 
     # ------------------------------------------------------------------ positional terms
 
+    def _positional_logit_factors(self, height: int, width: int) -> tuple[Tensor, Tensor]:
+        """Row ``(heads, H, H)`` and column ``(heads, W, W)`` logits of a separable score."""
+        if self.positional == "gaussian":
+            return scores.gaussian_factors(self.centers, self.spread, height, width)
+        return scores.learned_factors(
+            self.row_embedding, self.col_embedding, self.positional_weight, height, width
+        )
+
     def _positional_factors(self, height: int, width: int) -> tuple[Tensor, Tensor]:
         """Row ``(heads, H, H)`` and column ``(heads, W, W)`` probability factors (separable)."""
         if self.hard:
             return scores.hard_gaussian_factors(self.centers, height, width)
-        if self.positional == "gaussian":
-            row, col = scores.gaussian_factors(self.centers, self.spread, height, width)
-        else:
-            row, col = scores.learned_factors(
-                self.row_embedding, self.col_embedding, self.positional_weight, height, width
-            )
+        row, col = self._positional_logit_factors(height, width)
         return scores.softmax_without_subnormals(row), scores.softmax_without_subnormals(col)
 
     def _positional_logits(self, height: int, width: int) -> Tensor:
         """Position-only logits over pixels ``(heads, N, N)``."""
         if self.positional == "gaussian_full":
             return scores.gaussian_full_logits(self.centers, self.spread, height, width)
-        if self.positional == "gaussian":
-            row, col = scores.gaussian_factors(self.centers, self.spread, height, width)
-        else:
-            row, col = scores.learned_factors(
-                self.row_embedding, self.col_embedding, self.positional_weight, height, width
-            )
-        return scores.kron_sum_factors(row, col)
+        return scores.kron_sum_factors(*self._positional_logit_factors(height, width))
 
     def attention_probs(self, height: int, width: int) -> Tensor:
         """Probabilities ``(heads, H·W, H·W)`` of a position-only layer (no dropout).
@@ -315,14 +312,10 @@ class MultiHeadSelfAttention2d(nn.Module):
 
         ``axis=2`` gives ``(·, W, B·H·d)`` (columns first), ``axis=-1`` gives ``(·, H·W, B·d)``.
         """
-        batch, height, width, _ = x.shape
-        if self.value is None:
-            v = x.unsqueeze(3)  # (B, H, W, 1, dim)
-        else:
-            v = self.value(x).view(batch, height, width, self.heads, self.head_dim)
+        v = self._values(x)  # (B, heads|1, H, W, d)
         if axis == 2:
-            return v.permute(3, 2, 0, 1, 4).reshape(v.shape[3], width, -1)
-        return v.permute(3, 1, 2, 0, 4).reshape(v.shape[3], height * width, -1)
+            return v.permute(1, 3, 0, 2, 4).reshape(v.shape[1], x.shape[2], -1)
+        return v.permute(1, 2, 3, 0, 4).reshape(v.shape[1], x.shape[1] * x.shape[2], -1)
 
     @staticmethod
     def _apply_per_head(probs: Tensor, values: Tensor) -> Tensor:
@@ -417,13 +410,12 @@ class MultiHeadSelfAttention2d(nn.Module):
         n = height * width
         if self.position_only:
             if self.hard:
-                logits = None
                 probs = scores.kron_factors(
                     *scores.hard_gaussian_factors(self.centers, height, width)
                 )
             else:
-                logits = self._positional_logits(height, width)
-                probs = scores.softmax_without_subnormals(logits.expand(batch, self.heads, n, n))
+                logits = self._positional_logits(height, width).expand(batch, self.heads, n, n)
+                probs = scores.softmax_without_subnormals(logits)
             if self._dropout_active:
                 mask = scores.kron_factors(*self._factored_dropout_masks(height, width, probs))
                 applied = probs * mask
