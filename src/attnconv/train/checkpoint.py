@@ -59,8 +59,13 @@ def _fsync_directory(folder: Path) -> None:
         os.close(fd)
 
 
-def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+def load_checkpoint(
+    path: str | Path, map_location: str | torch.device = "cpu", mmap: bool = False
+) -> dict[str, Any]:
     """Read a checkpoint with ``torch.load(weights_only=True)`` and check its format.
+
+    ``mmap=True`` maps the tensors from the file instead of reading them all (for reading a few
+    parameters out of many checkpoints).
 
     FileNotFoundError if ``path`` is missing; ValueError naming the file if it is truncated,
     corrupted, or not an attnconv checkpoint.
@@ -69,7 +74,7 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {path} does not exist")
     try:
-        checkpoint = torch.load(path, map_location=map_location, weights_only=True)
+        checkpoint = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except Exception as err:  # truncated zip, bad pickle, unsafe global: all "unreadable"
         reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ValueError(

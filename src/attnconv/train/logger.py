@@ -15,11 +15,16 @@ from torch import nn
 from tqdm import tqdm
 
 
-def write_json(path: Path, value: Any) -> None:
-    """Write ``value`` as indented JSON through a temporary file and a rename."""
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file and a rename."""
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(value, indent=2) + "\n")
+    tmp.write_text(text)
     os.replace(tmp, path)
+
+
+def write_json(path: Path, value: Any) -> None:
+    """Write ``value`` as indented JSON, atomically."""
+    write_text_atomic(path, json.dumps(value, indent=2) + "\n")
 
 
 def format_record(record: dict[str, Any], epochs: int) -> str:
@@ -88,10 +93,9 @@ class RunLogger:
         """Rewrite ``metrics.jsonl``: one JSON object per finished epoch."""
         if not self.enabled:
             return
-        path = self.run_dir / "metrics.jsonl"
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text("".join(json.dumps(r) + "\n" for r in records))
-        os.replace(tmp, path)
+        write_text_atomic(
+            self.run_dir / "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in records)
+        )
 
     def close(self) -> None:
         if self.writer is not None:

@@ -10,15 +10,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import torch
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Rectangle
 
+from attnconv.train.checkpoint import load_checkpoint
 from attnconv.viz.style import QUERY_COLOR, new_figure, palette_color
 
 CENTERS_SUFFIX = "centers"
-CHECKPOINT_FORMAT = "attnconv-checkpoint"
 
 
 @dataclass
@@ -58,9 +57,7 @@ def load_center_trajectories(run_dir: str | Path) -> CenterTrajectories:
     paths = epoch_checkpoints(run_dir)
     records = []
     for path in paths:
-        checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-        if not isinstance(checkpoint, dict) or checkpoint.get("format") != CHECKPOINT_FORMAT:
-            raise ValueError(f"{str(path)!r} is not an attnconv checkpoint")
+        checkpoint = load_checkpoint(path, mmap=True)
         state = checkpoint["model"]
         names = [name for name in state if name.rsplit(".", 1)[-1] == CENTERS_SUFFIX]
         if not names:
