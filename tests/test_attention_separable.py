@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from unittest import mock
+
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from attnconv import MultiHeadSelfAttention2d
+from attnconv.attention import separable
 from attnconv.attention.separable import separable_attention_project
 from test_attention import _LargestOutput
 
@@ -47,10 +50,21 @@ def random_inputs(gen, batch, height, width, heads, groups, d, out_dim, bias, ch
     out_dim=st.integers(1, 5),
     bias=st.booleans(),
     channels_first=st.booleans(),
+    images_per_chunk=st.sampled_from([1, 2, None]),  # None: the default, one chunk here
     seed=st.integers(0, 2**16),
 )
 def test_matches_plain_reference_forward_and_every_gradient_float64(
-    batch, height, width, heads, shared_values, d, out_dim, bias, channels_first, seed
+    batch,
+    height,
+    width,
+    heads,
+    shared_values,
+    d,
+    out_dim,
+    bias,
+    channels_first,
+    images_per_chunk,
+    seed,
 ):
     gen = torch.Generator().manual_seed(seed)
     groups = 1 if shared_values else heads
@@ -63,8 +77,14 @@ def test_matches_plain_reference_forward_and_every_gradient_float64(
 
     expected = plain_reference(*inputs)
     expected_grads = torch.autograd.grad(expected, present, upstream)
-    out = separable_attention_project(*inputs)
-    grads = torch.autograd.grad(out, present, upstream)
+    chunk = (
+        separable.CHUNK_ELEMENTS
+        if images_per_chunk is None
+        else images_per_chunk * height * width * d
+    )
+    with mock.patch.object(separable, "CHUNK_ELEMENTS", chunk):
+        out = separable_attention_project(*inputs)
+        grads = torch.autograd.grad(out, present, upstream)
 
     assert out.shape == (batch, height, width, out_dim) and out.dtype == torch.float64
     torch.testing.assert_close(out, expected, rtol=1e-10, atol=1e-12)

@@ -7,11 +7,11 @@ For position-only scores that factor as ``P^h = R^h ⊗ C^h`` the layer computes
 The plain autograd route builds the attended values of all heads, ``(B, heads, H, W, d)``, permutes
 them next to each other for one ``Linear(heads·d → out)`` and keeps them for the backward pass: a
 few passes over a tensor ``heads`` times the size of the input, which on a CPU cost more than the
-attention arithmetic itself. :func:`separable_attention_project` instead loops over heads: attend
-one head (``(B, H, W, d)``, small enough to stay in cache), multiply it into the output with one
-matrix product, and in the backward pass recompute it rather than store it. Nothing of size
-``heads × input`` is ever allocated, every tensor stays in the input's ``(B, H, W, ·)`` layout (no
-permutes), and the matrix products are the same size as the projection's.
+attention arithmetic itself. :func:`separable_attention_project` instead loops over chunks of
+images and over heads: attend one head of one chunk (two small matrix products into scratch
+buffers), multiply it into the output with one matrix product, and in the backward pass recompute
+it rather than store it. Nothing of size ``heads × input`` is ever allocated, every tensor stays in
+the input's ``(B, H, W, ·)`` layout (no permutes), and the projection's arithmetic is unchanged.
 
 Gradients flow to the values, both factors and the projection (weight and bias), so dropout masks,
 softmax and value projections are differentiated by autograd outside. No double backward.
@@ -22,6 +22,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+CHUNK_ELEMENTS = 1 << 22
+"""One head's values per chunk of images (16 MiB in float32). Bounds the scratch memory (four
+buffers of this size) whatever the batch and image size; a chunk's buffers stay in the L3 cache."""
+
 
 def _head_values(values: Tensor, head: int) -> Tensor:
     """Contiguous ``values (B, H, W, heads|1, d)`` → the ``(B·H, W, d)`` view of ``head``'s values."""
@@ -29,31 +33,41 @@ def _head_values(values: Tensor, head: int) -> Tensor:
     return values[:, :, :, head if groups > 1 else 0].view(batch * height, width, d)
 
 
-class _Buffers:
-    """Per-call scratch tensors, reused by every head.
+def _image_chunks(values: Tensor) -> list[slice]:
+    """Slices of the batch, each holding about ``CHUNK_ELEMENTS`` values of one head."""
+    batch, height, width, _, d = values.shape
+    per_chunk = max(1, CHUNK_ELEMENTS // (height * width * d))
+    return [slice(i, min(i + per_chunk, batch)) for i in range(0, batch, per_chunk)]
 
-    Allocating a fresh ``(B, H, W, d)`` tensor per head and operation makes glibc's allocator map
-    and fault in new pages every time, which costs more than the products themselves; writing into
-    the same few buffers keeps them resident (and in cache).
+
+class _Scratch:
+    """Scratch tensors for one chunk of images, reused by every chunk and head.
+
+    Allocating a fresh ``(b, H, W, d)`` tensor per head and operation makes glibc's allocator map
+    and fault in new pages every time, which on a CPU costs more than the products themselves;
+    writing into the same few buffers keeps them resident.
     """
 
-    def __init__(self, values: Tensor) -> None:
-        batch, height, width, _, d = values.shape
-        self.shape = batch, height, width, d
-        self.columns = values.new_empty(batch * height, width, d)  # attended along columns
-        self.rows = values.new_empty(batch, height, width * d)  # then along rows
+    def __init__(self, values: Tensor, images: int) -> None:
+        _, height, width, _, d = values.shape
+        self.columns = values.new_empty(images * height, width, d)  # attended along columns
+        self.rows = values.new_empty(images, height, width * d)  # then along rows
+        self.grad_attended = values.new_empty(images, height, width * d)
+        self.grad_columns = values.new_empty(images, height, width * d)
 
     def attend(self, row: Tensor, col: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """``(R ⊗ C) v`` for ``row (H, H)``, ``col (W, W)``, ``v (B·H, W, d)``.
+        """``(R ⊗ C) v`` for ``row (H, H)``, ``col (W, W)``, ``v (b·H, W, d)``, ``b`` images.
 
-        Returns ``t (B·H, W, d)``, ``t[b, k1, q2] = Σ_k2 col[q2, k2] v[b, k1, k2]``, and the result
-        ``(B, H, W·d)``, ``Σ_k1 row[q1, k1] t[b, k1, q2]``; both are the shared buffers.
+        Returns ``t (b·H, W, d)``, ``t[i, k1, q2] = Σ_k2 col[q2, k2] v[i, k1, k2]``, and the result
+        ``(b, H, W·d)``, ``Σ_k1 row[q1, k1] t[i, k1, q2]``; both are views of the scratch buffers.
         """
-        batch, height, width, d = self.shape
-        torch.bmm(col.expand(batch * height, width, width), v, out=self.columns)
-        columns = self.columns.view(batch, height, width * d)
-        torch.bmm(row.expand(batch, height, height), columns, out=self.rows)
-        return self.columns, self.rows
+        height, width = row.shape[0], col.shape[0]
+        images = v.shape[0] // height
+        columns = self.columns[: images * height]
+        torch.bmm(col.expand(images * height, width, width), v, out=columns)
+        rows = self.rows[:images]
+        torch.bmm(row.expand(images, height, height), columns.view(images, height, -1), out=rows)
+        return columns, rows
 
 
 class _SeparableAttentionProject(torch.autograd.Function):
@@ -70,62 +84,71 @@ class _SeparableAttentionProject(torch.autograd.Function):
         heads, out_dim = row.shape[0], weight.shape[0]
         # Accumulate in at least float32: a bf16 sum over heads would round once per head.
         acc_dtype = torch.promote_types(values.dtype, torch.float32)
-        out = values.new_zeros(batch * height * width, out_dim, dtype=acc_dtype)
-        if bias is not None:
-            out += bias
-        head_out = out if acc_dtype == values.dtype else torch.empty_like(out, dtype=values.dtype)
-        buffers = _Buffers(values)
-        for h in range(heads):
-            _, attended = buffers.attend(row[h], col[h], _head_values(values, h))
-            w = weight[:, h * d : (h + 1) * d]  # (out, d)
-            if head_out is out:
-                torch.addmm(out, attended.view(-1, d), w.t(), out=out)  # counted by FlopCounterMode
-            else:
-                torch.mm(attended.view(-1, d), w.t(), out=head_out)
-                out += head_out
+        out = values.new_empty(batch, height * width, out_dim, dtype=acc_dtype)
+        out[:] = 0.0 if bias is None else bias
+        chunks = _image_chunks(values)
+        scratch = _Scratch(values, chunks[0].stop)
+        head_out = None if acc_dtype == values.dtype else values.new_empty(out[chunks[0]].shape)
+        for chunk in chunks:
+            out_chunk = out[chunk].view(-1, out_dim)
+            for h in range(heads):
+                _, attended = scratch.attend(row[h], col[h], _head_values(values[chunk], h))
+                attended, w = attended.view(-1, d), weight[:, h * d : (h + 1) * d]
+                if head_out is None:  # counted by FlopCounterMode, unlike addmm_
+                    torch.addmm(out_chunk, attended, w.t(), out=out_chunk)
+                else:
+                    partial = head_out[: chunk.stop - chunk.start].view(-1, out_dim)
+                    out_chunk += torch.mm(attended, w.t(), out=partial)
         return out.to(values.dtype).view(batch, height, width, out_dim)
 
     @staticmethod
     def backward(ctx, grad_out):
         values, row, col, weight = ctx.saved_tensors
         with torch.autocast(values.device.type, enabled=False):
-            grads = _SeparableAttentionProject._backward(
+            return _SeparableAttentionProject._backward(
                 values, row, col, weight, grad_out, ctx.needs_input_grad
             )
-        return grads
 
     @staticmethod
     def _backward(values, row, col, weight, grad_out, needs_grad):
         batch, height, width, _, d = values.shape
-        grad_out = grad_out.reshape(-1, weight.shape[0]).to(values.dtype)
+        heads, out_dim = row.shape[0], weight.shape[0]
+        grad_out = grad_out.reshape(batch, height * width, out_dim).to(values.dtype)
         grad_values = torch.zeros_like(values) if needs_grad[0] else None
-        grad_row = torch.empty_like(row) if needs_grad[1] else None
-        grad_col = torch.empty_like(col) if needs_grad[2] else None
-        grad_weight = torch.empty_like(weight) if needs_grad[3] else None
-        buffers = _Buffers(values)
-        grad_attended = values.new_empty(batch * height * width, d)
-        grad_columns = values.new_empty(batch, height, width * d)
-        for h in range(row.shape[0]):
-            v = _head_values(values, h)
-            w = weight[:, h * d : (h + 1) * d]  # (out, d)
-            t, attended = buffers.attend(row[h], col[h], v)  # recomputed, not stored
-            if grad_weight is not None:
-                grad_weight[:, h * d : (h + 1) * d] = grad_out.t() @ attended.view(-1, d)
-            g = torch.mm(grad_out, w, out=grad_attended).view(batch, height, width * d)
-            if grad_row is not None:
-                # d/d row[q1, k1] = Σ_{b, q2, c} g[b, q1, q2, c] t[b, k1, q2, c]
-                t_rows = t.view(batch, height, width * d).transpose(1, 2)
-                grad_row[h] = torch.bmm(g, t_rows).sum(0)
-            # u = Rᵀ g: the gradient of the column-attended values t.
-            u = torch.bmm(row[h].t().expand(batch, height, height), g, out=grad_columns)
-            u = u.view(batch * height, width, d)
-            if grad_col is not None:
-                # d/d col[q2, k2] = Σ_{b, k1, c} u[b, k1, q2, c] v[b, k1, k2, c]
-                grad_col[h] = torch.bmm(u, v.transpose(1, 2)).sum(0)
-            if grad_values is not None:
-                colt = col[h].t().expand(batch * height, width, width)
-                _head_values(grad_values, h).baddbmm_(colt, u)
-        grad_bias = grad_out.sum(0) if needs_grad[4] else None
+        grad_row = torch.zeros_like(row) if needs_grad[1] else None
+        grad_col = torch.zeros_like(col) if needs_grad[2] else None
+        grad_weight = weight.new_zeros(heads, out_dim, d) if needs_grad[3] else None
+        chunks = _image_chunks(values)
+        scratch = _Scratch(values, chunks[0].stop)
+        for chunk in chunks:
+            images = chunk.stop - chunk.start
+            grad_out_chunk = grad_out[chunk].view(-1, out_dim)
+            for h in range(heads):
+                v = _head_values(values[chunk], h)
+                w = weight[:, h * d : (h + 1) * d]  # (out, d)
+                t, attended = scratch.attend(row[h], col[h], v)  # recomputed, not stored
+                if grad_weight is not None:
+                    gw = grad_weight[h]
+                    torch.addmm(gw, grad_out_chunk.t(), attended.view(-1, d), out=gw)
+                g = scratch.grad_attended[:images]  # d loss / d attended, (b, H, W·d)
+                torch.mm(grad_out_chunk, w, out=g.view(-1, d))
+                if grad_row is not None:
+                    # d/d row[q1, k1] = Σ_{b, q2, c} g[b, q1, q2, c] t[b, k1, q2, c]
+                    t_rows = t.view(images, height, width * d).transpose(1, 2)
+                    grad_row[h] += torch.bmm(g, t_rows).sum(0)
+                # u = Rᵀ g: the gradient of the column-attended values t.
+                u = scratch.grad_columns[:images]
+                torch.bmm(row[h].t().expand(images, height, height), g, out=u)
+                u = u.view(images * height, width, d)
+                if grad_col is not None:
+                    # d/d col[q2, k2] = Σ_{b, k1, c} u[b, k1, q2, c] v[b, k1, k2, c]
+                    grad_col[h] += torch.bmm(u, v.transpose(1, 2)).sum(0)
+                if grad_values is not None:
+                    colt = col[h].t().expand(images * height, width, width)
+                    _head_values(grad_values[chunk], h).baddbmm_(colt, u)
+        if grad_weight is not None:  # (heads, out, d) → (out, heads·d)
+            grad_weight = grad_weight.permute(1, 0, 2).reshape(out_dim, heads * d)
+        grad_bias = grad_out.sum((0, 1)) if needs_grad[4] else None
         return grad_values, grad_row, grad_col, grad_weight, grad_bias
 
 
