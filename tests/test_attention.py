@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from unittest import mock
 
 import pytest
 import torch
@@ -12,6 +13,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from attention_reference import reference_forward
 from attnconv import MultiHeadSelfAttention2d
+from attnconv.attention import layer as layer_module
 from attnconv.attention import scores
 
 # (positional, content, content_positional)
@@ -75,11 +77,17 @@ def grad_floor(grads: dict[str, torch.Tensor]) -> float:
     return 0.1 * max(g.abs().max().item() for g in grads.values())
 
 
+# "auto" with every size above the fused per-head threshold, so small tests reach that route too
+ROUTES = ("auto", "auto-fused", "dense")
+
+
 def forward_and_grads(layer, x, impl, weight, dtype):
     layer = layer.to(dtype)
-    layer.impl = impl
+    layer.impl = "auto" if impl == "auto-fused" else impl
     x = x.to(dtype).detach().requires_grad_(True)
-    y = layer(x)
+    threshold = 0 if impl == "auto-fused" else layer_module.FUSED_MIN_ELEMENTS
+    with mock.patch.object(layer_module, "FUSED_MIN_ELEMENTS", threshold):
+        y = layer(x)
     (y * weight.to(dtype)).sum().backward()
     grads = {name: p.grad.double().clone() for name, p in layer.named_parameters()}
     grads["input"] = x.grad.double()
@@ -116,7 +124,7 @@ def test_every_path_matches_reference_float64_forward_and_gradients(
     x = torch.randn(2, height, width, dim, generator=gen, dtype=torch.float64)
     weight = torch.randn(2, height, width, dim, generator=gen, dtype=torch.float64)
     y_ref, g_ref = reference_and_grads(layer, x, weight)
-    for impl in ("auto", "dense"):
+    for impl in ROUTES:
         y, grads = forward_and_grads(layer, x, impl, weight, torch.float64)
         assert rel_err(y, y_ref) < 1e-10, impl
         assert grads.keys() == g_ref.keys()
@@ -132,7 +140,7 @@ def test_float32_paths_match_float64_reference(config, height, width):
     x = torch.randn(3, height, width, 6, generator=gen, dtype=torch.float64)
     weight = torch.randn(3, height, width, 6, generator=gen, dtype=torch.float64)
     y_ref, g_ref = reference_and_grads(layer, x, weight)
-    for impl in ("auto", "dense"):
+    for impl in ROUTES:
         y, grads = forward_and_grads(layer, x, impl, weight, torch.float32)
         assert rel_err(y, y_ref) < 1e-5, impl
         for name in grads:
@@ -269,10 +277,14 @@ def test_factored_dropout_is_shared_by_the_batch_and_matches_dense_path(position
     x = torch.randn(1, 5, 4, 4).expand(3, 5, 4, 4)  # three copies of one image
     torch.manual_seed(123)
     y_fast = layer(x)
+    torch.manual_seed(123)
+    with mock.patch.object(layer_module, "FUSED_MIN_ELEMENTS", 0):  # the per-head fused route
+        y_fused = layer(x)
     layer.impl = "dense"
     torch.manual_seed(123)
     y_dense = layer(x)
     torch.testing.assert_close(y_fast, y_dense, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(y_fused, y_dense, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(y_fast[0], y_fast[2])  # one mask for the whole batch
     layer.eval()
     assert not torch.allclose(y_fast, layer(x))

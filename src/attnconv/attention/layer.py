@@ -7,8 +7,9 @@ Execution paths, all exact (tested against ``impl="dense"``, the plain per-image
 
 * position-only, separable (isotropic ``gaussian``, ``learned``): ``P^h = R^h ⊗ C^h``; attend along
   rows with ``R^h (H×H)`` and along columns with ``C^h (W×W)``. ``O(N·(H+W))`` per head and image,
-  no ``N×N`` tensor; heads are attended and projected one at a time, so no tensor of
-  ``heads ×`` the input's size exists either (``attention/separable.py``).
+  no ``N×N`` tensor. Without a value projection and above ``FUSED_MIN_ELEMENTS``, heads are
+  attended and projected one at a time, so no tensor of ``heads ×`` the input's size exists either
+  (``attention/separable.py``).
 * position-only, not separable (``gaussian_full``): ``P^h (N×N)`` is built once per forward and
   applied to the whole batch as one matrix product.
 * with content scores: per-image scores through ``scaled_dot_product_attention`` with the
@@ -40,6 +41,12 @@ from attnconv.attention.separable import separable_attention_project
 Positional = Literal["gaussian", "gaussian_full", "learned"]
 POSITIONAL_SCORES: tuple[str, ...] = ("gaussian", "gaussian_full", "learned")
 IMPLEMENTATIONS: tuple[str, ...] = ("auto", "dense")
+FUSED_MIN_ELEMENTS = 1 << 16
+"""Separable layers without a value projection (every head attends over the raw input, as in the
+paper) whose input holds at least this many numbers attend one head at a time, fused with the
+output projection (``attention/separable.py``). Smaller inputs attend all heads at once: there the
+per-head loop's fixed cost per operation dominates. With a value projection the input is already
+``heads`` values wide and the batched route measured as fast or faster."""
 
 
 class MultiHeadSelfAttention2d(nn.Module):
@@ -309,9 +316,14 @@ class MultiHeadSelfAttention2d(nn.Module):
         y = y.permute(0, 2, 3, 1, 4).reshape(batch, height, width, heads * head_dim)
         return self.out(y)
 
-    def _values_pixels_first(self, x: Tensor) -> Tensor:
-        """Values with pixels first, ``(heads|1, H·W, B·d)``, for one big matrix product."""
+    def _values_pixels_first(self, x: Tensor, axis: int) -> Tensor:
+        """Values with one spatial axis first: ``(heads|1, L, rest)`` for a big matrix product.
+
+        ``axis=2`` gives ``(·, W, B·H·d)`` (columns first), ``axis=-1`` gives ``(·, H·W, B·d)``.
+        """
         v = self._values(x)  # (B, heads|1, H, W, d)
+        if axis == 2:
+            return v.permute(1, 3, 0, 2, 4).reshape(v.shape[1], x.shape[2], -1)
         return v.permute(1, 2, 3, 0, 4).reshape(v.shape[1], x.shape[1] * x.shape[2], -1)
 
     @staticmethod
@@ -326,18 +338,25 @@ class MultiHeadSelfAttention2d(nn.Module):
         return torch.bmm(probs, values)
 
     def _forward_separable(self, x: Tensor, return_attention: bool) -> tuple[Tensor, Tensor | None]:
-        """``P^h = R^h ⊗ C^h``: attend along columns, then rows, one head at a time, fused with
-        the output projection (:func:`~attnconv.attention.separable.separable_attention_project`).
-        """
-        height, width = x.shape[1:3]
+        """``P^h = R^h ⊗ C^h``: attend along columns with ``C^h``, then along rows with ``R^h``."""
+        batch, height, width, _ = x.shape
         row, col = self._positional_factors(height, width)
         probs = scores.kron_factors(row, col) if return_attention else None
         if self._dropout_active:
             mask_row, mask_col = self._factored_dropout_masks(height, width, row)
             row, col = row * mask_row, col * mask_col
-        values = self._values(x).permute(0, 2, 3, 1, 4)  # (B, H, W, heads|1, d), a view
-        y = separable_attention_project(values, row, col, self.out.weight, self.out.bias)
-        return y, probs
+        if self.value is None and x.numel() >= FUSED_MIN_ELEMENTS:
+            y = separable_attention_project(x, row, col, self.out.weight, self.out.bias)
+            return y, probs
+        # All heads at once: two batched products, then the output projection.
+        v = self._values_pixels_first(x, axis=2)  # (heads|1, W, B·H·d)
+        d = v.shape[-1] // (batch * height)
+        # Columns: t[h, q2, (b, k1, c)] = Σ_k2 col[h, q2, k2] v[h, k2, (b, k1, c)].
+        t = self._apply_per_head(col.to(v.dtype), v).view(self.heads, width, batch, height, d)
+        # Rows: y[h, q1, (q2, b, c)] = Σ_k1 row[h, q1, k1] t[h, k1, (q2, b, c)].
+        t = t.permute(0, 3, 1, 2, 4).reshape(self.heads, height, width * batch * d)
+        y = torch.bmm(row.to(v.dtype), t).view(self.heads, height, width, batch, d)
+        return self._project_out(y.permute(3, 0, 1, 2, 4)), probs
 
     def _forward_shared(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """Position-only, non-separable: one ``(heads, N, N)`` matrix applied to the whole batch."""
@@ -347,7 +366,7 @@ class MultiHeadSelfAttention2d(nn.Module):
         if self._dropout_active:
             mask = scores.kron_factors(*self._factored_dropout_masks(height, width, probs))
             applied = probs * mask
-        v = self._values_pixels_first(x)  # (heads|1, N, B·d)
+        v = self._values_pixels_first(x, axis=-1)  # (heads|1, N, B·d)
         d = v.shape[-1] // batch
         y = self._apply_per_head(applied.to(v.dtype), v).view(self.heads, height, width, batch, d)
         return self._project_out(y.permute(3, 0, 1, 2, 4)), probs

@@ -1,8 +1,9 @@
 """Separable position-only attention fused with the output projection, one head at a time.
 
-For position-only scores that factor as ``P^h = R^h ⊗ C^h`` the layer computes
+For position-only scores that factor as ``P^h = R^h ⊗ C^h``, with every head attending over the
+same values (the raw input: the paper's model, which has no value projection), the layer computes
 
-    y[b, q] = bias + Σ_h W_h · Σ_k P^h[q, k] v_h[b, k]        (W_h: the head's block of ``out``)
+    y[b, q] = bias + Σ_h W_h · Σ_k P^h[q, k] x[b, k]        (W_h: the head's block of ``out``)
 
 The plain autograd route builds the attended values of all heads, ``(B, heads, H, W, d)``, permutes
 them next to each other for one ``Linear(heads·d → out)`` and keeps them for the backward pass: a
@@ -13,8 +14,8 @@ buffers), multiply it into the output with one matrix product, and in the backwa
 it rather than store it. Nothing of size ``heads × input`` is ever allocated, every tensor stays in
 the input's ``(B, H, W, ·)`` layout (no permutes), and the projection's arithmetic is unchanged.
 
-Gradients flow to the values, both factors and the projection (weight and bias), so dropout masks,
-softmax and value projections are differentiated by autograd outside. No double backward.
+Gradients flow to the values, both factors and the projection (weight and bias), so dropout masks
+and the softmax are differentiated by autograd outside. No double backward.
 """
 
 from __future__ import annotations
@@ -27,15 +28,15 @@ CHUNK_ELEMENTS = 1 << 22
 buffers of this size) whatever the batch and image size; a chunk's buffers stay in the L3 cache."""
 
 
-def _head_values(values: Tensor, head: int) -> Tensor:
-    """Contiguous ``values (B, H, W, heads|1, d)`` → the ``(B·H, W, d)`` view of ``head``'s values."""
-    batch, height, width, groups, d = values.shape
-    return values[:, :, :, head if groups > 1 else 0].view(batch * height, width, d)
+def _by_rows(values: Tensor) -> Tensor:
+    """Contiguous ``(b, H, W, d)`` → the ``(b·H, W, d)`` view the column products work on."""
+    batch, height, width, d = values.shape
+    return values.view(batch * height, width, d)
 
 
 def _image_chunks(values: Tensor) -> list[slice]:
     """Slices of the batch, each holding about ``CHUNK_ELEMENTS`` values of one head."""
-    batch, height, width, _, d = values.shape
+    batch, height, width, d = values.shape
     per_chunk = max(1, CHUNK_ELEMENTS // (height * width * d))
     return [slice(i, min(i + per_chunk, batch)) for i in range(0, batch, per_chunk)]
 
@@ -49,7 +50,7 @@ class _Scratch:
     """
 
     def __init__(self, values: Tensor, images: int) -> None:
-        _, height, width, _, d = values.shape
+        _, height, width, d = values.shape
         self.columns = values.new_empty(images * height, width, d)  # attended along columns
         self.rows = values.new_empty(images, height, width * d)  # then along rows
         self.grad_attended = values.new_empty(images, height, width * d)
@@ -80,7 +81,7 @@ class _SeparableAttentionProject(torch.autograd.Function):
 
     @staticmethod
     def _forward(values: Tensor, row: Tensor, col: Tensor, weight: Tensor, bias: Tensor | None):
-        batch, height, width, _, d = values.shape
+        batch, height, width, d = values.shape
         heads, out_dim = row.shape[0], weight.shape[0]
         # Accumulate in at least float32: a bf16 sum over heads would round once per head.
         acc_dtype = torch.promote_types(values.dtype, torch.float32)
@@ -90,9 +91,9 @@ class _SeparableAttentionProject(torch.autograd.Function):
         scratch = _Scratch(values, chunks[0].stop)
         head_out = None if acc_dtype == values.dtype else values.new_empty(out[chunks[0]].shape)
         for chunk in chunks:
-            out_chunk = out[chunk].view(-1, out_dim)
+            out_chunk, v = out[chunk].view(-1, out_dim), _by_rows(values[chunk])
             for h in range(heads):
-                _, attended = scratch.attend(row[h], col[h], _head_values(values[chunk], h))
+                _, attended = scratch.attend(row[h], col[h], v)
                 attended, w = attended.view(-1, d), weight[:, h * d : (h + 1) * d]
                 if head_out is None:  # counted by FlopCounterMode, unlike addmm_
                     torch.addmm(out_chunk, attended, w.t(), out=out_chunk)
@@ -111,7 +112,7 @@ class _SeparableAttentionProject(torch.autograd.Function):
 
     @staticmethod
     def _backward(values, row, col, weight, grad_out, needs_grad):
-        batch, height, width, _, d = values.shape
+        batch, height, width, d = values.shape
         heads, out_dim = row.shape[0], weight.shape[0]
         grad_out = grad_out.reshape(batch, height * width, out_dim).to(values.dtype)
         grad_values = torch.zeros_like(values) if needs_grad[0] else None
@@ -123,8 +124,10 @@ class _SeparableAttentionProject(torch.autograd.Function):
         for chunk in chunks:
             images = chunk.stop - chunk.start
             grad_out_chunk = grad_out[chunk].view(-1, out_dim)
+            v, grad_v = _by_rows(values[chunk]), None
+            if grad_values is not None:
+                grad_v = _by_rows(grad_values[chunk])
             for h in range(heads):
-                v = _head_values(values[chunk], h)
                 w = weight[:, h * d : (h + 1) * d]  # (out, d)
                 t, attended = scratch.attend(row[h], col[h], v)  # recomputed, not stored
                 if grad_weight is not None:
@@ -143,9 +146,8 @@ class _SeparableAttentionProject(torch.autograd.Function):
                 if grad_col is not None:
                     # d/d col[q2, k2] = Σ_{b, k1, c} u[b, k1, q2, c] v[b, k1, k2, c]
                     grad_col[h] += torch.bmm(u, v.transpose(1, 2)).sum(0)
-                if grad_values is not None:
-                    colt = col[h].t().expand(images * height, width, width)
-                    _head_values(grad_values[chunk], h).baddbmm_(colt, u)
+                if grad_v is not None:
+                    grad_v.baddbmm_(col[h].t().expand(images * height, width, width), u)
         if grad_weight is not None:  # (heads, out, d) → (out, heads·d)
             grad_weight = grad_weight.permute(1, 0, 2).reshape(out_dim, heads * d)
         grad_bias = grad_out.sum((0, 1)) if needs_grad[4] else None
@@ -165,11 +167,10 @@ def _autocast_dtype(device_type: str) -> torch.dtype | None:
 def separable_attention_project(
     values: Tensor, row: Tensor, col: Tensor, weight: Tensor, bias: Tensor | None
 ) -> Tensor:
-    """``Σ_h (R^h ⊗ C^h) v_h W_hᵀ + bias`` for every image, without a per-head activation tensor.
+    """``Σ_h (R^h ⊗ C^h) x W_hᵀ + bias`` for every image, without a per-head activation tensor.
 
     Args:
-        values: ``(B, H, W, heads, d)``, or ``(B, H, W, 1, d)`` when every head attends over the
-            same values (the raw input).
+        values: ``(B, H, W, d)``, attended over by every head.
         row: ``(heads, H, H)`` row factors, ``row[h, q1, k1]`` the weight of key row ``k1``.
         col: ``(heads, W, W)`` column factors.
         weight: ``(out_dim, heads·d)``, head ``h`` owning columns ``h·d … (h+1)·d − 1``.
@@ -180,6 +181,6 @@ def separable_attention_project(
         (the sum over heads still accumulates in float32), else that of ``values``.
     """
     dtype = _autocast_dtype(values.device.type) or values.dtype
-    values = values.to(dtype).contiguous()  # a no-op for the layer's own (permuted) values
+    values = values.to(dtype).contiguous()
     cast = [None if t is None else t.to(dtype) for t in (row, col, weight, bias)]
     return _SeparableAttentionProject.apply(values, *cast)
