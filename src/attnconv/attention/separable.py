@@ -24,8 +24,9 @@ import torch
 from torch import Tensor
 
 CHUNK_ELEMENTS = 1 << 22
-"""One head's values per chunk of images (16 MiB in float32). Bounds the scratch memory (four
-buffers of this size) whatever the batch and image size; a chunk's buffers stay in the L3 cache."""
+"""One head's values per chunk of images (16 MiB in float32). Bounds the scratch memory (two
+buffers of this size in the forward pass, four in the backward) whatever the batch and image size;
+a chunk's buffers stay in the L3 cache."""
 
 
 def _by_rows(values: Tensor) -> Tensor:
@@ -53,8 +54,6 @@ class _Scratch:
         _, height, width, d = values.shape
         self.columns = values.new_empty(images * height, width, d)  # attended along columns
         self.rows = values.new_empty(images, height, width * d)  # then along rows
-        self.grad_attended = values.new_empty(images, height, width * d)
-        self.grad_columns = values.new_empty(images, height, width * d)
 
     def attend(self, row: Tensor, col: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """``(R ⊗ C) v`` for ``row (H, H)``, ``col (W, W)``, ``v (b·H, W, d)``, ``b`` images.
@@ -121,6 +120,8 @@ class _SeparableAttentionProject(torch.autograd.Function):
         grad_weight = weight.new_zeros(heads, out_dim, d) if needs_grad[3] else None
         chunks = _image_chunks(values)
         scratch = _Scratch(values, chunks[0].stop)
+        grad_attended = scratch.rows.new_empty(scratch.rows.shape)  # (b, H, W·d), reused
+        grad_columns = scratch.rows.new_empty(scratch.rows.shape)
         for chunk in chunks:
             images = chunk.stop - chunk.start
             grad_out_chunk = grad_out[chunk].view(-1, out_dim)
@@ -133,14 +134,14 @@ class _SeparableAttentionProject(torch.autograd.Function):
                 if grad_weight is not None:
                     gw = grad_weight[h]
                     torch.addmm(gw, grad_out_chunk.t(), attended.view(-1, d), out=gw)
-                g = scratch.grad_attended[:images]  # d loss / d attended, (b, H, W·d)
+                g = grad_attended[:images]  # d loss / d attended
                 torch.mm(grad_out_chunk, w, out=g.view(-1, d))
                 if grad_row is not None:
                     # d/d row[q1, k1] = Σ_{b, q2, c} g[b, q1, q2, c] t[b, k1, q2, c]
                     t_rows = t.view(images, height, width * d).transpose(1, 2)
                     grad_row[h] += torch.bmm(g, t_rows).sum(0)
                 # u = Rᵀ g: the gradient of the column-attended values t.
-                u = scratch.grad_columns[:images]
+                u = grad_columns[:images]
                 torch.bmm(row[h].t().expand(images, height, height), g, out=u)
                 u = u.view(images * height, width, d)
                 if grad_col is not None:
