@@ -29,10 +29,16 @@ PAPER_PRESETS = [
     "learned-content",
     "resnet18",
 ]
+FASHION_PRESETS = [
+    "quadratic-fashion",
+    "learned-fashion",
+    "learned-content-fashion",
+    "resnet-fashion",
+]
 
 
 def test_every_preset_is_registered():
-    assert list(PRESETS) == [*PAPER_PRESETS, "quick"]
+    assert list(PRESETS) == [*PAPER_PRESETS, "quick", *FASHION_PRESETS]
     assert attnconv.PRESETS is PRESETS and attnconv.create_model is create_model
     for name, preset in PRESETS.items():
         assert preset.name == name and preset.description
@@ -113,6 +119,29 @@ def test_recipes():
     assert quick.dataset == "digits" and quick.epochs <= 30 and quick.batch_size <= 128
     with pytest.raises(ValueError, match="schedule must be one of"):
         Recipe(schedule="linear")
+
+
+def test_fashion_presets_scale_the_paper_models_down_alike():
+    """The Fashion-MNIST presets: the paper's architectures at one common reduced width and depth
+    (the 2×2 stem, so 28×28 images give a 14×14 token grid), the paper's recipe."""
+    transformers = {name: PRESETS[name] for name in FASHION_PRESETS if name != "resnet-fashion"}
+    for name, preset in transformers.items():
+        kwargs = preset.model_kwargs
+        assert (kwargs["stem"], kwargs["hidden"], kwargs["depth"], kwargs["heads"]) == (2, 64, 4, 9)
+        assert (kwargs["in_channels"], kwargs["image_size"], kwargs["max_size"]) == (1, (28, 28), 14)
+        assert preset.recipe.dataset == "fashion-mnist" and preset.recipe.batch_size == 100
+        assert (preset.recipe.lr, preset.recipe.schedule) == (0.1, "cosine"), name
+        model = create_model(name)
+        assert model.token_grid(28, 28) == (14, 14)
+        assert model(torch.rand(2, 1, 28, 28)).shape == (2, 10)
+    assert transformers["quadratic-fashion"].model_kwargs["positional"] == "gaussian"
+    learned = transformers["learned-fashion"].model_kwargs
+    assert learned["positional"] == "learned" and not learned.get("content", False)
+    content = transformers["learned-content-fashion"].model_kwargs
+    assert content["content"] and content["content_positional"] and content["head_dim"] == 16
+    resnet = PRESETS["resnet-fashion"]
+    assert resnet.model == "resnet18" and resnet.recipe.schedule == "step"
+    assert create_model("resnet-fashion")(torch.rand(2, 1, 28, 28)).shape == (2, 10)
 
 
 def test_create_model_overrides():
@@ -279,6 +308,8 @@ def test_models_command_prints_every_preset(capsys):
         assert rows[name][2] == (32, 32, 3)
         assert rows[name][3] == PRESETS[name].description
     assert rows["quick"][2] == (8, 8, 1)
+    for name in FASHION_PRESETS:
+        assert rows[name][2] == (28, 28, 1)
 
 
 # ---------------------------------------------------------------- the quick preset learns
