@@ -3,10 +3,13 @@
 import functools
 import http.server
 import os
+import shutil
 import threading
 
 import pytest
 import torch
+
+from attnconv.data import fashion_mnist
 
 # pytest -n 2 runs two workers on this project's 2-core machines. With torch's default of one
 # intra-op thread per core each, four busy-waiting OpenMP threads share two cores and small
@@ -14,6 +17,42 @@ import torch
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ["OMP_NUM_THREADS"] = "1"
     torch.set_num_threads(1)
+
+
+# System packages some tests need. Each check returns None when the package is there, else what is
+# missing and how to install it. Without it those tests skip with that reason; with CI=true they
+# fail instead, so CI cannot pass with them silently skipped.
+def _chromium() -> str | None:
+    if shutil.which(CHROMIUM):
+        return None
+    return f"needs Chromium at {CHROMIUM} (Debian/Ubuntu: sudo apt-get install chromium)"
+
+
+def _fashion_mnist() -> str | None:
+    if (fashion_mnist.SYSTEM_DIR / "train-images-idx3-ubyte.gz").is_file():
+        return None
+    return (
+        f"needs Debian's Fashion-MNIST in {fashion_mnist.SYSTEM_DIR}/ "
+        "(sudo apt-get install dataset-fashion-mnist)"
+    )
+
+
+CHROMIUM = "/usr/bin/chromium"
+NEEDS = {"needs_chromium": _chromium, "needs_fashion_mnist": _fashion_mnist}
+
+
+def pytest_configure(config):
+    for name in NEEDS:
+        config.addinivalue_line("markers", f"{name}: skips without the system package it names")
+
+
+def pytest_runtest_setup(item):
+    for name, missing in NEEDS.items():
+        reason = item.get_closest_marker(name) and missing()
+        if reason:
+            if os.environ.get("CI") == "true":
+                pytest.fail(f"CI=true and the system lacks it: {reason}", pytrace=False)
+            pytest.skip(reason)
 
 
 class _QuietHandler(http.server.SimpleHTTPRequestHandler):

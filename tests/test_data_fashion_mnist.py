@@ -64,6 +64,7 @@ def test_truncated_idx_files_are_named(tmp_path):
         read_idx(gz, 3)
 
 
+@pytest.mark.needs_fashion_mnist
 def test_real_debian_files(tmp_path):
     # data_dir has no fashion-mnist/ folder: the system copy is used
     train, test, classes = load_fashion_mnist(tmp_path, download=False)

@@ -18,6 +18,8 @@ from playwright.sync_api import sync_playwright
 from attnconv.viz.export import dequantize, write_site
 from viz_helpers import small_model
 
+pytestmark = pytest.mark.needs_chromium
+
 ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
