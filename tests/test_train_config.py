@@ -1,5 +1,6 @@
 """Training config resolution and type checking, and the learning-rate schedules."""
 
+import json
 import math
 import re
 
@@ -77,7 +78,7 @@ def test_python_values_are_type_checked() -> None:
     ("warmup_fraction=1", ValueError, "warmup_fraction"),
     ("milestones=5,3", ValueError, "milestones must be non-decreasing"),
     ("schedule=linear", ValueError, "unknown schedule 'linear'; valid schedules: cosine, step"),
-    ("precision=fp16", ValueError, "unknown precision 'fp16'; valid: fp32, bf16"),
+    ("precision=fp16", ValueError, "unknown precision 'fp16'; valid: auto, fp32, bf16"),
     ("dataset=mnist", ValueError, "unknown dataset 'mnist'; valid datasets: cifar10"),
     ("grad_clip=0", ValueError, "grad_clip must be > 0"),
     ("device=tpu", ValueError, "device must be auto, cpu, cuda or cuda:N"),
@@ -121,6 +122,15 @@ def test_config_json_round_trip(tmp_path) -> None:
     again = load_config(tmp_path / "config.json")
     assert again == config
     assert set(config.to_dict()) == {*CONFIG_KEYS, "model"}
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "auto"])
+def test_precision_defaults_to_auto_and_saved_precisions_load(tmp_path, precision) -> None:
+    assert resolve_config("quick").precision == "auto"
+    values = resolve_config("quick").to_dict()
+    values["precision"] = precision  # config.json of older runs says fp32 or bf16
+    (tmp_path / "config.json").write_text(json.dumps(values))
+    assert load_config(tmp_path / "config.json").precision == precision
 
 
 def test_load_config_errors(tmp_path) -> None:

@@ -6,6 +6,7 @@ import torch
 
 from attnconv import cli
 from attnconv.convert.check import BATTERY
+from attnconv.hardware import resolve_precision
 from attnconv.train.checkpoint import load_checkpoint
 
 
@@ -28,6 +29,8 @@ def test_short_demo_writes_its_results(tmp_path, capsys) -> None:
     assert (config["preset"], config["dataset"], config["epochs"]) == ("quick", "digits", 1)
     assert demo["test_acc"] == summary["test_acc"] and demo["epochs"] == 1
     assert 0.0 <= demo["test_acc"] <= 1.0
+    expected = resolve_precision("auto", torch.device("cpu"))
+    assert demo["precision"] == summary["precision"] == config["precision"] == expected
     epoch_checkpoint = load_checkpoint(out / "run" / "checkpoints" / "epoch_0001.pt")
     last = load_checkpoint(out / "run" / "checkpoints" / "last.pt")
     for name, tensor in last["model"].items():

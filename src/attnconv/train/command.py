@@ -14,6 +14,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from attnconv.hardware import PRECISIONS
+
 if TYPE_CHECKING:
     from attnconv.train.config import TrainConfig
 
@@ -33,8 +35,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "~/.cache/attnconv)")
     parser.add_argument("--out", help="the run folder (default runs/PRESET-DATASET-TIME)")
     parser.add_argument("--epochs", help="training length (default: the preset's)")
-    parser.add_argument("--precision", choices=("fp32", "bf16"), help="bf16: autocast to "
-                        "bfloat16 (default fp32)")
+    parser.add_argument("--precision", choices=PRECISIONS, help="auto (the default): bfloat16 "
+                        "autocast where the device computes in bfloat16 natively (CUDA Ampere+, "
+                        "CPUs with AMX or AVX512-BF16), else float32; fp32; bf16 (warns where "
+                        "slow)")
     parser.add_argument("--compile", action="store_true", help="torch.compile the model")
     parser.add_argument("--device", help="auto (CUDA if available), cpu, cuda or cuda:N")
     parser.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR exactly "
@@ -82,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
     from attnconv.models import PRESETS
     from attnconv.train.checkpoint import load_checkpoint
     from attnconv.train.config import resolve_config
-    from attnconv.train.loop import NonFiniteLossError, checkpoint_dir, train
+    from attnconv.train.loop import NonFiniteLossError, train
 
     if args.resume is not None:
         config, run_dir = _resume_settings(args)
@@ -95,11 +99,6 @@ def run(args: argparse.Namespace) -> int:
         config = resolve_config(args.preset, dataset, _flag_overrides(args))
         stamp = time.strftime("%Y%m%d-%H%M%S")
         run_dir = Path(args.out or Path("runs") / f"{config.preset}-{config.dataset}-{stamp}")
-        if (checkpoint_dir(run_dir) / "last.pt").exists():
-            raise ValueError(
-                f"{run_dir} already holds a run; continue it with --resume {run_dir} or give "
-                f"another --out"
-            )
     try:
         train(config, run_dir, resume=args.resume is not None)
     except NonFiniteLossError as err:

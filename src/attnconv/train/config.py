@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from attnconv.hardware import PRECISIONS
 from attnconv.models.presets import MODELS, PRESETS, SCHEDULES, model_arguments
 
-PRECISIONS: tuple[str, ...] = ("fp32", "bf16")
 # Model arguments set from the dataset, never from the command line.
 DATA_MODEL_ARGUMENTS: tuple[str, ...] = ("num_classes", "in_channels", "image_size", "mean", "std")
 MODEL_PREFIX = "model."
@@ -39,7 +39,10 @@ class TrainConfig:
     random-crop padding in pixels, ``None`` for ``⌈H / 8⌉`` (4 for CIFAR's 32×32 as in the paper,
     1 for the 8×8 digits); ``val_size`` a count of images (int) or a fraction of the training set
     (float), ``None`` for the dataset's default; ``grad_clip`` the largest gradient norm (``None``:
-    no clipping).
+    no clipping); ``precision`` ``auto`` (bfloat16 autocast where the device computes in bfloat16
+    natively, else float32; see ``attnconv.hardware``), ``fp32`` or ``bf16``. A run replaces
+    ``auto`` by the precision it resolved to before writing ``config.json``, so a resumed run keeps
+    the arithmetic it started with.
     """
 
     preset: str = "quick"
@@ -55,7 +58,7 @@ class TrainConfig:
     warmup_fraction: float = 0.05
     milestones: tuple[int, ...] = (80, 150, 250)
     grad_clip: float | None = None
-    precision: str = "fp32"
+    precision: str = "auto"
     compile: bool = False
     device: str = "auto"
     seed: int = 0

@@ -11,6 +11,8 @@
 
 Everything lands in one folder: ``theorem1.txt``, ``run/`` (a full run folder: config, metrics,
 checkpoints, TensorBoard), ``figures/`` and ``demo.json`` (the numbers printed at the end).
+Training runs in the precision ``auto`` picks for the machine (``attnconv.hardware``);
+``demo.json`` says which.
 """
 
 from __future__ import annotations
@@ -79,6 +81,7 @@ def run_demo(out_dir: str | Path, epochs: int = EPOCHS, progress: bool = True) -
         "best_val_acc": summary["best_val_acc"],
         "best_epoch": summary["best_epoch"],
         "epochs": config.epochs,
+        "precision": summary["precision"],
         "figures": figures,
         "run_dir": str(out / "run"),
         "time_s": time.perf_counter() - started,

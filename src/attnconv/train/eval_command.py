@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from attnconv.hardware import PRECISIONS
+
 HELP = "accuracy and cross-entropy of a checkpoint on its dataset's test (or validation) split"
 
 
@@ -14,12 +16,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--split", choices=("test", "val"), default="test",
                         help="val: the validation images carved exactly as during training")
     parser.add_argument("--batch-size", type=int, default=500, help="images per forward")
-    parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
+    parser.add_argument("--precision", choices=PRECISIONS, default="auto",
+                        help="auto (default): bfloat16 autocast where the device computes in "
+                        "bfloat16 natively, else float32; fp32; bf16 (warns where slow)")
     parser.add_argument("--device", default="auto", help="auto (CUDA if available), cpu or cuda")
 
 
 def run(args: argparse.Namespace) -> int:
     from attnconv.data import BatchLoader, load_splits
+    from attnconv.hardware import resolve_precision
     from attnconv.train.checkpoint import load_model
     from attnconv.train.distributed import select_device
     from attnconv.train.loop import check_data_fits, evaluation_sums
@@ -34,10 +39,11 @@ def run(args: argparse.Namespace) -> int:
     check_data_fits(checkpoint["model_config"], data, f"checkpoint {args.checkpoint}")
     images = data.test if args.split == "test" else data.val
     loader = BatchLoader(images, args.batch_size, device=device, train=False, flip=False)
-    loss_sum, correct, seen = evaluation_sums(model, loader, args.precision)
+    precision = resolve_precision(args.precision, device)
+    loss_sum, correct, seen = evaluation_sums(model, loader, precision)
     print(
         f"{args.checkpoint} ({checkpoint['preset']}, epoch {checkpoint.get('epoch', '?')}) on "
-        f"{dataset} {args.split} ({int(seen)} images): accuracy {correct / seen:.4f} "
+        f"{dataset} {args.split} ({int(seen)} images, {precision}): accuracy {correct / seen:.4f} "
         f"({int(correct)}/{int(seen)}), loss {loss_sum / seen:.4f}"
     )
     return 0

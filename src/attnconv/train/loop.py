@@ -15,6 +15,7 @@ run resumed from any checkpoint ends with exactly the weights of an uninterrupte
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 import sys
@@ -30,6 +31,7 @@ from torch import nn
 from tqdm import tqdm
 
 from attnconv.data import BatchLoader, DataSplits, load_splits
+from attnconv.hardware import resolve_precision
 from attnconv.models import PRESETS, count_macs, count_parameters, create_model
 from attnconv.train import distributed
 from attnconv.train.checkpoint import (
@@ -95,10 +97,20 @@ def check_data_fits(model_config: dict[str, Any], data: DataSplits, source: str)
 
 
 def autocast(precision: str, device: torch.device) -> AbstractContextManager:
-    """``torch.autocast`` to bfloat16 for ``precision="bf16"`` (CPU or GPU), else nothing."""
+    """``torch.autocast`` to bfloat16 for ``precision="bf16"`` (CPU or GPU); nothing for ``fp32``.
+
+    ``precision`` is a resolved one (``attnconv.hardware.resolve_precision`` turns ``auto`` into
+    ``fp32`` or ``bf16``); ValueError for anything else.
+    """
     if precision == "bf16":
         return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
-    return nullcontext()
+    if precision == "fp32":
+        return nullcontext()
+    raise ValueError(f"autocast takes a resolved precision, fp32 or bf16, got {precision!r}")
+
+
+def _warn(message: str) -> None:
+    tqdm.write(message, file=sys.stderr)
 
 
 @torch.no_grad()
@@ -127,8 +139,13 @@ class Trainer:
 
     def __init__(self, config: TrainConfig, run_dir: Path, context: distributed.Context,
                  resume: bool) -> None:
-        self.config, self.run_dir, self.context = config, run_dir, context
         self.device = context.device
+        # "auto" becomes what this device runs fast; config.json and summary.json record it.
+        precision = resolve_precision(config.precision, self.device,
+                                      warn=_warn if context.is_main else lambda _: None)
+        self.requested_precision = config.precision
+        config = dataclasses.replace(config, precision=precision)
+        self.config, self.run_dir, self.context = config, run_dir, context
         self.checkpoints = checkpoint_dir(run_dir)
         resumed = load_checkpoint(self.checkpoints / "last.pt") if resume else None
         if resumed is not None and resumed["preset"] != config.preset:
@@ -404,6 +421,7 @@ class Trainer:
             f"{config.preset} on {config.dataset}: {count_parameters(self.model):,} parameters, "
             f"{self.steps_per_epoch} steps/epoch of {config.batch_size} images, device "
             f"{self.device} x{self.context.world_size}, precision {config.precision}"
+            + (" (auto)" if self.requested_precision == "auto" else "")
             + (f"; resuming at epoch {self.epoch + 1}, step {self.step}" if self.step else "")
         )
         best = max(self.metrics, key=lambda r: r["val_acc"], default=None)
@@ -447,6 +465,7 @@ class Trainer:
                 "parameters": count_parameters(self.model),
                 "macs_per_image": count_macs(self.model),
                 "epochs": self.config.epochs,
+                "precision": self.config.precision,
                 "best_val_acc": best["val_acc"],
                 "best_epoch": best["epoch"],
                 "test_acc": test_acc,
