@@ -7,19 +7,18 @@ records after each checkpoint, so it always matches ``checkpoints/last.pt``, als
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 from torch import nn
 from tqdm import tqdm
 
+from attnconv.runs import write_atomic
+
 
 def write_text_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file and a rename."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    """Write ``text`` (UTF-8) to ``path`` through a temporary file, fsync and a rename."""
+    write_atomic(path, text.encode())
 
 
 def write_json(path: Path, value: Any) -> None:

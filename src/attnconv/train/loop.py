@@ -8,6 +8,13 @@
         validate → metrics.jsonl, TensorBoard, checkpoints/last.pt, best.pt, epoch_NNNN.pt
     test the best (validation) checkpoint → summary.json
 
+The main rank holds the run folder's lock (``attnconv.runs.locked_run``) for the whole job. Before
+anything is saved, the state is checked: every parameter and buffer finite, and the loss those
+weights give finite (the validation loss at an epoch's end, the last batch's loss in eval mode
+inside one); a diverged state stops the run with NonFiniteLossError and is never written. At an
+epoch's end ``last.pt`` is written first and ``best.pt``/``epoch_NNNN.pt`` copy it; a resume
+rewrites any of those a kill left missing or stale, so every kill point leaves a resumable run.
+
 Everything random is a function of the config's seed and the position in training (data order and
 augmentation: ``BatchLoader``; dropout: the torch RNG, saved in every checkpoint), so on a CPU a
 run resumed from any checkpoint ends with exactly the weights of an uninterrupted run.
@@ -17,10 +24,12 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import itertools
 import math
 import sys
 import time
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -33,15 +42,24 @@ from tqdm import tqdm
 from attnconv.data import BatchLoader, DataSplits, load_splits
 from attnconv.hardware import resolve_precision
 from attnconv.models import PRESETS, count_macs, count_parameters, create_model
+from attnconv.runs import (
+    RunFolderError,
+    checkpoint_dir,
+    is_full,
+    locked_run,
+    not_writable_hint,
+    os_error_reason,
+)
 from attnconv.train import distributed
 from attnconv.train.checkpoint import (
+    CheckpointError,
     build_model,
     load_checkpoint,
     rng_state,
     save_checkpoint,
     set_rng_state,
 )
-from attnconv.train.config import TrainConfig, save_config
+from attnconv.train.config import TrainConfig
 from attnconv.train.logger import RunLogger, write_json
 from attnconv.train.schedule import LRSchedule, build_schedule
 
@@ -49,22 +67,22 @@ CHECK_EVERY = 10  # steps between loss-finiteness checks and progress-bar update
 
 
 class NonFiniteLossError(RuntimeError):
-    """The training loss became NaN or infinite; the run stopped without saving that state."""
-
-
-def checkpoint_dir(run_dir: Path) -> Path:
-    return Path(run_dir) / "checkpoints"
+    """Training diverged (a NaN or infinite loss or weight); the run stopped without saving that
+    state, so ``checkpoints/last.pt`` holds the last finite one."""
 
 
 def train(config: TrainConfig, run_dir: str | Path, resume: bool = False) -> dict[str, Any]:
     """Train (or, with ``resume``, continue) the run in ``run_dir``; returns the summary dict.
 
-    Joins the ``torchrun`` process group when launched by it. Raises NonFiniteLossError if the
-    loss diverges (``checkpoints/last.pt`` then still holds the last finite state).
+    Joins the ``torchrun`` process group when launched by it; the main rank holds the run
+    folder's lock throughout. Raises NonFiniteLossError if training diverges
+    (``checkpoints/last.pt`` then still holds the last finite state), RunFolderError if another
+    process holds the folder, a fresh run finds one there, or a write fails (disk full, read-only).
     """
     context = distributed.setup(config.device)
     try:
-        return Trainer(config, Path(run_dir), context, resume).fit()
+        with locked_run(run_dir) if context.is_main else nullcontext():
+            return Trainer(config, Path(run_dir), context, resume).fit()
     finally:
         distributed.teardown()
 
@@ -134,6 +152,15 @@ def evaluation_sums(model: nn.Module, loader: BatchLoader, precision: str = "fp3
     return totals.tolist()
 
 
+def _saved_position(path: Path) -> tuple[int, int] | None:
+    """``(epoch, step)`` of the checkpoint at ``path``; None if it is missing or unreadable."""
+    try:
+        checkpoint = load_checkpoint(path, mmap=True)
+        return int(checkpoint["epoch"]), int(checkpoint["step"])
+    except (FileNotFoundError, CheckpointError, KeyError):
+        return None
+
+
 class Trainer:
     """One training job; see the module docstring. ``fit()`` runs it."""
 
@@ -147,6 +174,11 @@ class Trainer:
         config = dataclasses.replace(config, precision=precision)
         self.config, self.run_dir, self.context = config, run_dir, context
         self.checkpoints = checkpoint_dir(run_dir)
+        if not resume and (self.checkpoints / "last.pt").exists():
+            raise RunFolderError(
+                f"{run_dir} already holds a run; continue it with --resume {run_dir} or give "
+                f"another --out"
+            )
         resumed = load_checkpoint(self.checkpoints / "last.pt") if resume else None
         if resumed is not None and resumed["preset"] != config.preset:
             raise ValueError(
@@ -192,8 +224,12 @@ class Trainer:
         self.epoch, self.step = 0, 0
         self.metrics: list[dict[str, Any]] = []
         self.progress = {"loss_sum": 0.0, "correct": 0.0, "seen": 0.0}
+        self.saved_step: int | None = None  # the step of the newest last.pt on disk
         if resumed is not None:
             self._restore(resumed)
+            self.saved_step = self.step
+            if context.is_main:
+                self._repair_epoch_copies(resumed)
         self.logger = RunLogger(run_dir, config.epochs, context.is_main, config.tensorboard)
 
     # ------------------------------------------------------------------ set-up
@@ -215,8 +251,9 @@ class Trainer:
     def _build_model(self, resumed: dict[str, Any] | None) -> tuple[nn.Module, dict[str, Any]]:
         config = self.config
         if resumed is not None:
-            check_data_fits(resumed["model_config"], self.data, str(self.checkpoints / "last.pt"))
-            return build_model(resumed), dict(resumed["model_config"])
+            last = self.checkpoints / "last.pt"
+            check_data_fits(resumed["model_config"], self.data, str(last))
+            return build_model(resumed, last), dict(resumed["model_config"])
         if config.init is None:
             model_config = {**config.model, **data_model_config(self.data)}
             return create_model(config.preset, **model_config), model_config
@@ -273,15 +310,51 @@ class Trainer:
         return torch.optim.SGD(groups, lr=self.config.lr, momentum=self.config.momentum)
 
     def _restore(self, checkpoint: dict[str, Any]) -> None:
-        self.optimizer.load_state_dict(checkpoint["optimizer"])
-        self.epoch, self.step = int(checkpoint["epoch"]), int(checkpoint["step"])
-        self.metrics = list(checkpoint["metrics"])
-        states = checkpoint["rng"]
-        if self.context.rank < len(states):
-            set_rng_state(states[self.context.rank])
-        progress = checkpoint.get("epoch_progress")
-        if progress is not None and self.context.is_main:  # sums over all ranks, held by rank 0
-            self.progress = dict(progress)
+        last = self.checkpoints / "last.pt"
+        try:
+            self.optimizer.load_state_dict(checkpoint["optimizer"])
+            self.epoch, self.step = int(checkpoint["epoch"]), int(checkpoint["step"])
+            self.metrics = [dict(record) for record in checkpoint["metrics"]]
+            if not all(isinstance(r.get(key), int | float) for r in self.metrics
+                       for key in ("epoch", "step", "val_acc", "epoch_time_s")):
+                raise ValueError("an epoch record lacks epoch, step, val_acc or epoch_time_s")
+            states = checkpoint["rng"]
+            if self.context.rank < len(states):
+                set_rng_state(states[self.context.rank])
+            progress = checkpoint.get("epoch_progress")
+            if progress is not None and self.context.is_main:  # all-rank sums, held by rank 0
+                self.progress = {key: float(progress[key]) for key in self.progress}
+        except (KeyError, TypeError, ValueError, RuntimeError) as err:
+            raise CheckpointError(
+                f"checkpoint {last} cannot be resumed: its optimizer, rng, metrics or progress "
+                f"entry is malformed ({type(err).__name__}: {str(err).splitlines()[0][:120]})"
+            ) from err
+
+    def _best_record(self) -> dict[str, Any] | None:
+        """The first epoch record with the highest validation accuracy (what best.pt holds)."""
+        return max(self.metrics, key=lambda r: r["val_acc"], default=None)
+
+    def _epoch_copies(self, epoch: int) -> list[str]:
+        """The files that, besides last.pt, hold the end-of-``epoch`` state."""
+        names = []
+        best = self._best_record()
+        if best is not None and best["epoch"] == epoch:
+            names.append("best.pt")
+        if self.config.checkpoint_every and epoch % self.config.checkpoint_every == 0:
+            names.append(f"epoch_{epoch:04d}.pt")
+        return names
+
+    def _repair_epoch_copies(self, resumed: dict[str, Any]) -> None:
+        """Write the copies of an end-of-epoch last.pt that a kill left missing or stale."""
+        if resumed.get("epoch_progress") is not None or not self.metrics:
+            return
+        for name in self._epoch_copies(self.epoch):
+            path = self.checkpoints / name
+            if _saved_position(path) != (self.epoch, self.step):
+                with self._writing(path):
+                    save_checkpoint(resumed, path)
+                tqdm.write(f"{path} was missing or older than last.pt (the previous run was "
+                           f"stopped while saving): rewritten from last.pt", file=sys.stderr)
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -310,9 +383,34 @@ class Trainer:
         }
 
     def _save(self, checkpoint: dict[str, Any], *names: str) -> None:
+        """Write ``checkpoint`` to each of ``names`` in turn (main rank); RunFolderError if a write
+        fails, the files written before it staying valid."""
         if self.context.is_main:
             for name in names:
-                save_checkpoint(checkpoint, self.checkpoints / name)
+                path = self.checkpoints / name
+                with self._writing(path):
+                    save_checkpoint(checkpoint, path)
+                if name == "last.pt":
+                    self.saved_step = checkpoint["step"]
+
+    def _kept(self) -> str:
+        """Which checkpoint holds the last good state, for error messages."""
+        if self.saved_step is None:
+            return "no checkpoint was saved yet"
+        return f"the last good checkpoint is {self.checkpoints / 'last.pt'} (step {self.saved_step})"
+
+    @contextmanager
+    def _writing(self, path: Path) -> Iterator[None]:
+        """Turn an OSError while writing ``path`` into a one-line RunFolderError."""
+        try:
+            yield
+        except OSError as err:
+            todo = "free space" if is_full(err) else not_writable_hint(self.run_dir)
+            raise RunFolderError(
+                f"cannot write {path}: {os_error_reason(err)}; {self._kept()}, intact. "
+                f"{todo[0].upper()}{todo[1:]}, then continue with: attnconv train --resume "
+                f"{self.run_dir}"
+            ) from err
 
     # ------------------------------------------------------------------ loop
 
@@ -325,13 +423,37 @@ class Trainer:
                                                     self.device)
         loss = loss_sum / max(seen, 1.0)
         if not math.isfinite(loss):
-            last = self.checkpoints / "last.pt"
-            kept = f"the last good checkpoint is {last}" if last.exists() else "no checkpoint saved"
-            raise NonFiniteLossError(
-                f"training loss is {loss} at epoch {self.epoch + 1}, step {self.step}; stopping "
-                f"({kept}). Try a lower lr, grad_clip=1, or precision=fp32."
-            )
+            self._diverged(f"the training loss is {loss}")
         return loss
+
+    def _diverged(self, what: str) -> None:
+        raise NonFiniteLossError(
+            f"training diverged at epoch {self.epoch + 1}, step {self.step}: {what}; stopping "
+            f"without saving it ({self._kept()}). Try a lower lr, grad_clip=1, or precision=fp32."
+        )
+
+    @torch.no_grad()
+    def _check_state(self, images: torch.Tensor | None = None,
+                     labels: torch.Tensor | None = None) -> None:
+        """NonFiniteLossError unless the state about to be saved is sound: every floating-point
+        parameter and buffer finite and, given a batch, the loss of the current weights on it (eval
+        mode: no dropout, no RNG draws, no batch-norm updates) finite on every rank."""
+        tensors = itertools.chain(self.model.named_parameters(), self.model.named_buffers())
+        for name, tensor in tensors:
+            if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+                self._diverged(f"parameter {name} is no longer finite")
+        if images is None or labels is None:
+            return
+        self.model.eval()
+        try:
+            with self._autocast():
+                logits = self.model(images)
+            loss_sum = F.cross_entropy(logits.float(), labels, reduction="sum").item()
+        finally:
+            self.model.train()
+        total, seen = distributed.all_reduce_sum([loss_sum, float(labels.shape[0])], self.device)
+        if not math.isfinite(total):
+            self._diverged(f"the updated weights give a loss of {total / seen} on their last batch")
 
     def _train_epoch(self) -> dict[str, float]:
         """One (possibly resumed) epoch of SGD; returns its train loss/accuracy and timing."""
@@ -382,6 +504,7 @@ class Trainer:
             if mid_checkpoint:
                 totals = distributed.all_reduce_sum(sums.tolist(), self.device)
                 progress = dict(zip(("loss_sum", "correct", "seen"), totals, strict=True))
+                self._check_state(images, labels)
                 self._save(self._checkpoint(progress), "last.pt")
         bar.close()
         self._check_finite(sums)
@@ -414,9 +537,10 @@ class Trainer:
     def fit(self) -> dict[str, Any]:
         config, logger = self.config, self.logger
         if self.context.is_main:
-            self.checkpoints.mkdir(parents=True, exist_ok=True)
-            save_config(config, self.run_dir / "config.json")
-        logger.metrics(self.metrics)
+            with self._writing(self.run_dir / "config.json"):
+                write_json(self.run_dir / "config.json", config.to_dict())
+        with self._writing(self.run_dir / "metrics.jsonl"):
+            logger.metrics(self.metrics)
         logger.print(
             f"{config.preset} on {config.dataset}: {count_parameters(self.model):,} parameters, "
             f"{self.steps_per_epoch} steps/epoch of {config.batch_size} images, device "
@@ -424,11 +548,13 @@ class Trainer:
             + (" (auto)" if self.requested_precision == "auto" else "")
             + (f"; resuming at epoch {self.epoch + 1}, step {self.step}" if self.step else "")
         )
-        best = max(self.metrics, key=lambda r: r["val_acc"], default=None)
         try:
             while self.epoch < config.epochs:
                 record = self._train_epoch()
                 val_loss, val_acc = self.evaluate(self.val_loader, self.model)
+                if not math.isfinite(val_loss):
+                    self._diverged(f"the validation loss is {val_loss}")
+                self._check_state()
                 self.epoch += 1
                 record = {"epoch": self.epoch, "step": self.step, **record,
                           "val_loss": val_loss, "val_acc": val_acc}
@@ -437,24 +563,31 @@ class Trainer:
                     "epoch_time_s", "images_per_s")}
                 self.metrics.append(record)
                 logger.epoch(record, self.model, self.data.image_size)
-                names = ["last.pt"]
-                if best is None or val_acc > best["val_acc"]:
-                    best = record
-                    names.append("best.pt")
-                if config.checkpoint_every and self.epoch % config.checkpoint_every == 0:
-                    names.append(f"epoch_{self.epoch:04d}.pt")
-                self._save(self._checkpoint(None), *names)
-                logger.metrics(self.metrics)
-            return self._finish(best)
+                # last.pt first: a kill before a copy is written is repaired by the resume.
+                self._save(self._checkpoint(None), "last.pt", *self._epoch_copies(self.epoch))
+                with self._writing(self.run_dir / "metrics.jsonl"):
+                    logger.metrics(self.metrics)
+            return self._finish()
         finally:
             logger.close()
 
-    def _finish(self, best: dict[str, Any]) -> dict[str, Any]:
-        """Test the best checkpoint (main rank) and write ``summary.json``."""
+    def _finish(self) -> dict[str, Any]:
+        """Test the best checkpoint (main rank) and write ``summary.json``.
+
+        RunFolderError if ``best.pt`` is not the epoch the metrics name as best.
+        """
         summary: dict[str, Any] = {}
+        best = self._best_record()
         if self.context.is_main:
             best_path = self.checkpoints / "best.pt"
-            best_model = build_model(load_checkpoint(best_path)).to(self.device)
+            checkpoint = load_checkpoint(best_path)
+            if (checkpoint["epoch"], checkpoint["step"]) != (best["epoch"], best["step"]):
+                raise RunFolderError(
+                    f"{best_path} holds epoch {checkpoint['epoch']}, but the run's metrics name "
+                    f"epoch {best['epoch']} as the best; the folder was changed by hand or by an "
+                    f"older attnconv: test a checkpoint with attnconv eval instead"
+                )
+            best_model = build_model(checkpoint, best_path).to(self.device)
             test_loader = BatchLoader(self.data.test, self.config.batch_size, device=self.device,
                                       train=False, flip=False)
             test_loss, test_acc = self.evaluate(test_loader, best_model, all_ranks=False)
@@ -475,7 +608,8 @@ class Trainer:
                 * self.config.batch_size / train_time,
                 "best_checkpoint": str(best_path),
             }
-            write_json(self.run_dir / "summary.json", summary)
+            with self._writing(self.run_dir / "summary.json"):
+                write_json(self.run_dir / "summary.json", summary)
             self.logger.print(
                 f"best validation accuracy {best['val_acc']:.4f} at epoch {best['epoch']}; "
                 f"test accuracy of that checkpoint {test_acc:.4f} (loss {test_loss:.4f}); "

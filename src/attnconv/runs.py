@@ -1,0 +1,160 @@
+"""The run folder: its paths, the lock that gives it one writer, and the one atomic file writer.
+
+A run folder holds ``config.json``, ``metrics.jsonl``, ``summary.json``, ``checkpoints/*.pt`` and
+``.lock``. A process that writes the folder holds an exclusive ``flock`` on ``.lock`` for as long
+as it runs (the kernel drops it when the process dies, also by SIGKILL); a second writer is refused
+with the holder's process id. Every file is written by ``write_atomic``: a temporary file in the
+same folder, flushed to disk, renamed over the target, so a reader or a crash sees the old file or
+the new one. Temporary files a killed writer left behind are removed by the next lock holder.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import socket
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from attnconv.errors import UserError
+
+LOCK_NAME = ".lock"
+TMP_SUFFIX = ".tmp"
+
+
+class RunFolderError(UserError):
+    """The run folder cannot be used: held by another process, not writable, or full."""
+
+
+def checkpoint_dir(run_dir: str | Path) -> Path:
+    return Path(run_dir) / "checkpoints"
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def write_atomic(path: str | Path, data: bytes | memoryview) -> None:
+    """Write ``data`` to ``path`` through a temporary file, fsync, and a rename.
+
+    The file gets the permissions of a plain ``open`` (0666 less the umask), not the 0600 of
+    ``mkstemp``. OSError (disk full, read-only, ...) leaves ``path`` as it was and no temporary
+    file behind.
+    """
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TMP_SUFFIX, dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            os.fchmod(f.fileno(), 0o666 & ~_umask())
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    _fsync_directory(path.parent)
+
+
+def _fsync_directory(folder: Path) -> None:
+    """Make a rename durable (POSIX); a no-op where folders cannot be opened."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def os_error_reason(err: OSError) -> str:
+    """``err`` in words without its file name, e.g. ``no space left on the device (ENOSPC)``."""
+    reasons = {
+        errno.ENOSPC: "no space left on the device",
+        errno.EDQUOT: "disk quota exceeded",
+        errno.EFBIG: "file too large for this file system or process limit",
+        errno.EROFS: "read-only file system",
+        errno.EACCES: "permission denied",
+        errno.EPERM: "operation not permitted",
+    }
+    name = errno.errorcode.get(err.errno or 0, "")
+    reason = reasons.get(err.errno or 0, (err.strerror or str(err)).lower())
+    return f"{reason} ({name})" if name else reason
+
+
+def is_full(err: OSError) -> bool:
+    """True for the errors that freeing space (or raising a size limit) fixes."""
+    return err.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+def not_writable_hint(run_dir: Path) -> str:
+    return f"make {run_dir} writable or give another folder"
+
+
+def _holder(lock_path: Path) -> str:
+    try:
+        info = json.loads(lock_path.read_text())
+        return (
+            f"process {int(info['pid'])} on {str(info['host'])[:64]!r} "
+            f"(since {str(info['since'])[:32]})"
+        )
+    except (OSError, ValueError, KeyError, TypeError):
+        return "another process"
+
+
+@contextmanager
+def locked_run(run_dir: str | Path) -> Iterator[Path]:
+    """Create ``run_dir`` if needed and hold its exclusive lock for the ``with`` block.
+
+    Removes temporary files left in the folder by a killed writer. RunFolderError (one line) if
+    another process holds the lock or the folder cannot be created or written.
+    """
+    run_dir = Path(run_dir)
+    lock_path = run_dir / LOCK_NAME
+    try:
+        checkpoint_dir(run_dir).mkdir(parents=True, exist_ok=True)
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o666)
+    except OSError as err:
+        raise RunFolderError(
+            f"cannot write run folder {run_dir}: {os_error_reason(err)}; "
+            f"{not_writable_hint(run_dir)}"
+        ) from err
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError as err:
+            raise RunFolderError(
+                f"run folder {run_dir} is in use by {_holder(lock_path)}; wait for it to end or "
+                f"give another --out"
+            ) from err
+        holder = {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "since": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        }
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, (json.dumps(holder) + "\n").encode(), 0)
+        remove_stale_temporaries(run_dir)
+        yield run_dir
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def remove_stale_temporaries(run_dir: Path) -> list[Path]:
+    """Delete the ``.NAME.*.tmp`` files of interrupted writes in ``run_dir`` and its checkpoints
+    folder (call it only while holding the lock); returns what was removed."""
+    removed = []
+    for folder in (run_dir, checkpoint_dir(run_dir)):
+        for path in folder.glob(f".*{TMP_SUFFIX}"):
+            if path.is_file():
+                path.unlink(missing_ok=True)
+                removed.append(path)
+    return removed
