@@ -1,7 +1,9 @@
 """The precision a training run or an evaluation resolves to, recorded where it ran, with the
 hardware query replaced (a CPU without native bfloat16, and one with it)."""
 
+import io
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -88,3 +90,25 @@ def test_eval_resolves_auto_and_says_which(
 def test_autocast_refuses_an_unresolved_precision() -> None:
     with pytest.raises(ValueError, match="resolved precision, fp32 or bf16, got 'auto'"):
         autocast("auto", torch.device("cpu"))
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.mark.parametrize("terminal", [False, True])
+def test_progress_bar_only_on_a_terminal(tmp_path, monkeypatch, capsys, terminal) -> None:
+    """In a log file (captured stderr is not a terminal) each epoch is one line, no redraws."""
+    stderr = Terminal() if terminal else io.StringIO()
+    monkeypatch.setattr(sys, "stderr", stderr)
+    overrides = [*TINY, "epochs=2", "progress=true", "precision=fp32"]
+    train(resolve_config("quick", overrides=overrides), tmp_path / "run")
+    out = capsys.readouterr().out
+    assert [line.split("  ")[0] for line in out.splitlines() if line.startswith("epoch ")] == [
+        "epoch 1/2",
+        "epoch 2/2",
+    ]
+    # 1294 training images // 128 = 10 steps an epoch: the bar redraws at least once per epoch.
+    redraws = stderr.getvalue().count("\r")
+    assert redraws >= 2 if terminal else redraws == 0

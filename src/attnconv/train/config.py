@@ -39,10 +39,11 @@ class TrainConfig:
     random-crop padding in pixels, ``None`` for ``⌈H / 8⌉`` (4 for CIFAR's 32×32 as in the paper,
     1 for the 8×8 digits); ``val_size`` a count of images (int) or a fraction of the training set
     (float), ``None`` for the dataset's default; ``grad_clip`` the largest gradient norm (``None``:
-    no clipping); ``precision`` ``auto`` (bfloat16 autocast where the device computes in bfloat16
-    natively, else float32; see ``attnconv.hardware``), ``fp32`` or ``bf16``. A run replaces
-    ``auto`` by the precision it resolved to before writing ``config.json``, so a resumed run keeps
-    the arithmetic it started with.
+    no clipping); ``progress``: a progress bar on stderr when it is a terminal (elsewhere, e.g. a
+    log file, only the line per epoch); ``precision`` ``auto`` (bfloat16 autocast where the device
+    computes in bfloat16 natively, else float32; see ``attnconv.hardware``), ``fp32`` or
+    ``bf16``. A run replaces ``auto`` by the precision it resolved to before writing
+    ``config.json``, so a resumed run keeps the arithmetic it started with.
     """
 
     preset: str = "quick"

@@ -464,11 +464,13 @@ class Trainer:
         sums = torch.tensor([self.progress["loss_sum"], self.progress["correct"],
                              self.progress["seen"]], dtype=torch.float64, device=self.device)
         global_batch = config.batch_size
+        # The bar redraws in place, so only on a terminal; in a file or a pipe (CI logs, nohup)
+        # the epoch's summary line is the one line it gets.
+        live = self.context.is_main and config.progress and sys.stderr.isatty()
         bar = tqdm(
             total=self.steps_per_epoch * global_batch, initial=start_batch * global_batch,
             unit="img", unit_scale=True, desc=f"epoch {epoch + 1}/{config.epochs}",
-            disable=not (self.context.is_main and config.progress), leave=False,
-            file=sys.stderr, dynamic_ncols=True,
+            disable=not live, leave=False, file=sys.stderr, dynamic_ncols=True,
         )
         self.forward_model.train()
         started = time.perf_counter()
