@@ -5,16 +5,27 @@ Convolutional Layers* (ICLR 2020): attention layers with every positional encodi
 Theorem 1 as exact conversion code, the paper's models and training recipe, and its figures.
 """
 
-from attnconv.attention import MultiHeadSelfAttention2d
-from attnconv.convert import attention_to_conv, conv_to_attention, convert_model
-from attnconv.models import PRESETS, create_model
+from __future__ import annotations
 
-__all__ = [
-    "PRESETS",
-    "MultiHeadSelfAttention2d",
-    "attention_to_conv",
-    "conv_to_attention",
-    "convert_model",
-    "create_model",
-]
+import importlib
+from typing import Any
+
 __version__ = "0.1.0"
+
+# Imported on first use, so that importing attnconv (the command line's --help, --version) does not
+# import torch.
+_EXPORTS = {
+    "PRESETS": "attnconv.models",
+    "MultiHeadSelfAttention2d": "attnconv.attention",
+    "attention_to_conv": "attnconv.convert",
+    "conv_to_attention": "attnconv.convert",
+    "convert_model": "attnconv.convert",
+    "create_model": "attnconv.models",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'attnconv' has no attribute {name!r}")
+    return getattr(importlib.import_module(_EXPORTS[name]), name)

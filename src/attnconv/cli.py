@@ -1,31 +1,66 @@
 """The ``attnconv`` command line.
 
-Each subcommand lives next to the code it drives, in a module that defines
+``COMMANDS`` maps each subcommand to its one-line help and to the module, next to the code it
+drives, that defines
 
-* ``HELP``: one line for ``attnconv --help``;
 * ``add_arguments(parser: argparse.ArgumentParser) -> None``;
 * ``run(args: argparse.Namespace) -> int``: the exit status.
 
-``COMMANDS`` maps subcommand names to those modules. All of them are imported to build the
-parser, so a command module keeps its heavy imports (matplotlib, TensorBoard, ...) inside ``run``.
+Only the chosen subcommand's module is imported, so ``attnconv --help`` and ``--version`` do not
+import torch; a command module keeps its heavy imports (matplotlib, TensorBoard, ...) inside ``run``.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import platform
 import sys
+from importlib import metadata
 
-COMMANDS: dict[str, str] = {
-    "convert": "attnconv.convert.command",
-    "plot": "attnconv.viz.cli_plot",
-    "explore": "attnconv.viz.cli_explore",
-    "report": "attnconv.viz.cli_report",
-    "train": "attnconv.train.command",
-    "eval": "attnconv.train.eval_command",
-    "demo": "attnconv.train.demo_command",
-    "models": "attnconv.models.cli_models",
-    "heads": "attnconv.models.cli_heads",
+from attnconv import __version__
+
+COMMANDS: dict[str, tuple[str, str]] = {
+    "convert": (
+        "attnconv.convert.command",
+        "check the conv → attention construction: configuration battery (--check), spread sweep (--sweep)",
+    ),
+    "plot": (
+        "attnconv.viz.cli_plot",
+        "draw a checkpoint's attention figures (contours, maps, distances, centre trajectories)",
+    ),
+    "explore": (
+        "attnconv.viz.cli_explore",
+        "write a self-contained web page to click through a checkpoint's attention maps",
+    ),
+    "report": (
+        "attnconv.viz.cli_report",
+        "compare training runs: accuracy curves and a Table-1-style summary",
+    ),
+    "train": (
+        "attnconv.train.command",
+        "train a preset (from scratch, resumed exactly, or fine-tuned from a checkpoint)",
+    ),
+    "eval": (
+        "attnconv.train.eval_command",
+        "accuracy and cross-entropy of a checkpoint on its dataset's test (or validation) split",
+    ),
+    "reproduce": (
+        "attnconv.reproduce",
+        "the paper's experiment on a dataset: train every model, Table 1, grid scores, figures",
+    ),
+    "demo": (
+        "attnconv.train.demo_command",
+        "the paper in a few CPU minutes, no download: Theorem 1, training on digits, figures",
+    ),
+    "models": (
+        "attnconv.models.cli_models",
+        "list the model presets with parameters and forward multiply-adds per image",
+    ),
+    "heads": (
+        "attnconv.models.cli_heads",
+        "print each Gaussian attention head of a checkpoint and flag the degenerate ones",
+    ),
 }
 
 
@@ -33,22 +68,35 @@ class UsageError(Exception):
     """A user mistake on the command line; printed as one line, exit status 2."""
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _version() -> str:
+    try:
+        torch = f"torch {metadata.version('torch')}"
+    except metadata.PackageNotFoundError:
+        torch = "torch not installed"
+    return f"attnconv {__version__} ({torch}, Python {platform.python_version()})"
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser, with the arguments of ``command`` only (the one module imported)."""
     parser = argparse.ArgumentParser(
         prog="attnconv",
         description="Self-attention as convolution (Cordonnier et al., ICLR 2020).",
     )
+    parser.add_argument("--version", action="version", version=_version())
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for name, module_name in COMMANDS.items():
-        module = importlib.import_module(module_name)
-        sub = subparsers.add_parser(name, help=module.HELP, description=module.HELP)
-        module.add_arguments(sub)
-        sub.set_defaults(_module=module)
+    for name, (module_name, summary) in COMMANDS.items():
+        sub = subparsers.add_parser(name, help=summary, description=summary)
+        if name == command:
+            module = importlib.import_module(module_name)
+            module.add_arguments(sub)
+            sub.set_defaults(_module=module)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    # the top-level options take no value: the first other word names the command
+    parser = build_parser(next((word for word in argv if not word.startswith("-")), None))
     args = parser.parse_args(argv)
     try:
         return int(args._module.run(args) or 0)

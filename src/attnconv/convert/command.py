@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import argparse
 
-HELP = "check the conv → attention construction: configuration battery (--check), spread sweep (--sweep)"
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     mode = parser.add_mutually_exclusive_group(required=True)

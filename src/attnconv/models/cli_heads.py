@@ -6,8 +6,6 @@ import argparse
 
 from attnconv.models.heads import MAX_CONDITION, MIN_SPREAD
 
-HELP = "print each Gaussian attention head of a checkpoint and flag the degenerate ones"
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("checkpoint", help="a checkpoint written by `attnconv train`")

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import argparse
 
-HELP = "list the model presets with parameters and forward multiply-adds per image"
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(

@@ -19,8 +19,6 @@ from attnconv.hardware import PRECISIONS
 if TYPE_CHECKING:
     from attnconv.train.config import TrainConfig
 
-HELP = "train a preset (from scratch, resumed exactly, or fine-tuned from a checkpoint)"
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(

@@ -6,8 +6,6 @@ import argparse
 
 from attnconv.train.demo import EPOCHS
 
-HELP = "the paper in a few CPU minutes, no download: Theorem 1, training on digits, figures"
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", help="folder for everything it writes "

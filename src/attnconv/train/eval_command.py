@@ -6,8 +6,6 @@ import argparse
 
 from attnconv.hardware import PRECISIONS
 
-HELP = "accuracy and cross-entropy of a checkpoint on its dataset's test (or validation) split"
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("checkpoint", help="a checkpoint written by `attnconv train`")

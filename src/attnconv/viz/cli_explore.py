@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import argparse
 
-HELP = "write a self-contained web page to click through a checkpoint's attention maps"
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("checkpoint", help="a checkpoint file, or a run folder (its last.pt)")

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import argparse
 
-HELP = "draw a checkpoint's attention figures (contours, maps, distances, centre trajectories)"
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("checkpoint", help="a checkpoint file, or a run folder (its last.pt)")

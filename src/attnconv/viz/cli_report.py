@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import argparse
 
-HELP = "compare training runs: accuracy curves and a Table-1-style summary"
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(

@@ -1,0 +1,72 @@
+"""The command line's parser: --help and --version without torch, each command's own arguments."""
+
+import platform
+import subprocess
+import sys
+from importlib import metadata
+
+import pytest
+
+import attnconv
+from attnconv.cli import COMMANDS, main
+
+
+def run_python(code: str) -> str:
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
+
+
+def test_help_and_version_do_not_import_torch():
+    out = run_python(
+        "import sys\n"
+        "from attnconv.cli import main\n"
+        "for argv in (['--help'], ['--version']):\n"
+        "    try:\n"
+        "        main(argv)\n"
+        "    except SystemExit as exit:\n"
+        "        assert exit.code == 0, exit.code\n"
+        "print('torch imported:', 'torch' in sys.modules)\n"
+    )
+    assert out.splitlines()[-1] == "torch imported: False"
+    for name, (_, summary) in COMMANDS.items():
+        assert name in out and summary.split()[0] in out
+    torch = metadata.version("torch")
+    assert (
+        f"attnconv {attnconv.__version__} (torch {torch}, Python {platform.python_version()})"
+        in out
+    )
+
+
+def test_version_matches_the_installed_package(capsys):
+    with pytest.raises(SystemExit) as exit:
+        main(["--version"])
+    assert exit.value.code == 0
+    assert capsys.readouterr().out.startswith(f"attnconv {metadata.version('attnconv')} (torch ")
+
+
+@pytest.mark.parametrize("name", COMMANDS)
+def test_each_command_help_lists_its_arguments(name, capsys):
+    with pytest.raises(SystemExit) as exit:
+        main([name, "--help"])
+    assert exit.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"usage: attnconv {name} ")
+    assert " ".join(COMMANDS[name][1].split()[:4]) in " ".join(out.split())
+    # the command's own arguments are there, beyond -h
+    options = [
+        word for word in out.split() if word.startswith("-") and word not in ("-h", "--help")
+    ]
+    assert options, out
+
+
+def test_lazy_exports():
+    out = run_python(
+        "import sys, attnconv\n"
+        "print('torch' in sys.modules)\n"
+        "print(attnconv.MultiHeadSelfAttention2d.__module__, 'torch' in sys.modules)\n"
+        "print(sorted(attnconv.__all__) == sorted(vars(attnconv)['_EXPORTS']))\n"
+    )
+    assert out.split("\n")[:3] == ["False", "attnconv.attention.layer True", "True"]
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        attnconv.nope  # noqa: B018
