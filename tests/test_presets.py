@@ -128,9 +128,14 @@ def test_fashion_presets_scale_the_paper_models_down_alike():
     for name, preset in transformers.items():
         kwargs = preset.model_kwargs
         assert (kwargs["stem"], kwargs["hidden"], kwargs["depth"], kwargs["heads"]) == (2, 64, 4, 9)
-        assert (kwargs["in_channels"], kwargs["image_size"], kwargs["max_size"]) == (1, (28, 28), 14)
+        assert (kwargs["in_channels"], kwargs["image_size"], kwargs["max_size"]) == (
+            1,
+            (28, 28),
+            14,
+        )
         assert preset.recipe.dataset == "fashion-mnist" and preset.recipe.batch_size == 100
-        assert (preset.recipe.lr, preset.recipe.schedule) == (0.1, "cosine"), name
+        assert (preset.recipe.lr, preset.recipe.schedule) == (0.03, "cosine"), name
+        assert kwargs["dropout"] == kwargs["attention_dropout"] == 0.0
         model = create_model(name)
         assert model.token_grid(28, 28) == (14, 14)
         assert model(torch.rand(2, 1, 28, 28)).shape == (2, 10)

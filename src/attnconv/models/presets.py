@@ -88,12 +88,16 @@ _GENERALIZED = {"positional": "gaussian_full"}
 #   16×16), so the attention sees a grid of about the paper's size; width and depth shrink instead
 #   (hidden 64, 4 layers, feed-forward 128, 9 heads that attend over the raw hidden states as in
 #   the paper), ``init_std=None`` as for ``quick``, and the learned tables cover exactly the 14×14
-#   grid. The content model's queries and keys are 16 wide per head (the paper: 400), and it
-#   trains for one epoch: its per-image ``heads·N²`` content scores make an epoch cost about as
-#   much CPU time as the position-only models' whole run (at full width one epoch took an hour
-#   here). The CNN baseline is a narrow CIFAR ResNet-18 (widths 16..128). All keep the paper's
-#   recipe (SGD, lr 0.1, batch 100, warm-up + cosine; step decay for the ResNet).
-FASHION_EPOCHS = 5
+#   grid. Six epochs is an underfitting regime, not the paper's 300: there dropout only slowed
+#   learning (validation accuracy after 300 steps 0.67 with the paper's 0.1 dropouts, 0.72
+#   without) and lr 0.03 beat 0.1 (0.75 against 0.72, both without dropout), so the transformers
+#   train without dropout at lr 0.03; the rest of the recipe is the paper's (SGD with momentum,
+#   batch 100, warm-up + cosine). The content model's queries and keys are 16 wide per head (the
+#   paper: 400), and it trains for one epoch: its per-image ``heads·N²`` content scores make an
+#   epoch cost about as much CPU time as the position-only models' whole run (at full width one
+#   epoch took an hour here). The CNN baseline is a narrow CIFAR ResNet-18 (widths 16..128)
+#   with the paper's ResNet recipe (lr 0.1, step decay at 1/3, 1/2 and 5/6 of the run).
+FASHION_EPOCHS = 6
 _FASHION_TRANSFORMER: dict[str, Any] = {
     **_FASHION_IMAGES,
     "stem": 2,
@@ -103,8 +107,10 @@ _FASHION_TRANSFORMER: dict[str, Any] = {
     "mlp_dim": 128,
     "max_size": 14,
     "init_std": None,
+    "dropout": 0.0,
+    "attention_dropout": 0.0,
 }
-_FASHION_RECIPE = Recipe(epochs=FASHION_EPOCHS, dataset="fashion-mnist")
+_FASHION_RECIPE = Recipe(lr=0.03, epochs=FASHION_EPOCHS, dataset="fashion-mnist")
 
 PRESETS: dict[str, Preset] = {
     preset.name: preset
@@ -199,7 +205,7 @@ PRESETS: dict[str, Preset] = {
                 "content_positional": True,
                 "head_dim": 16,
             },
-            Recipe(epochs=1, dataset="fashion-mnist"),
+            Recipe(lr=0.03, epochs=1, dataset="fashion-mnist"),
         ),
         Preset(
             "resnet-fashion",
@@ -211,7 +217,7 @@ PRESETS: dict[str, Preset] = {
                 dataset="fashion-mnist",
                 schedule="step",
                 warmup_fraction=0.0,
-                milestones=(2, 3, 4),
+                milestones=(2, 3, 5),
             ),
         ),
     )
@@ -223,13 +229,29 @@ def model_arguments(model: str) -> tuple[str, ...]:
     return tuple(inspect.signature(MODELS[model]).parameters)
 
 
-def create_model(name: str, num_classes: int = 10, **overrides: Any) -> nn.Module:
+def create_model(
+    name: str, num_classes: int = 10, pretrained: bool = False, **overrides: Any
+) -> nn.Module:
     """Build the model of preset ``name`` with ``num_classes`` outputs.
 
     ``overrides`` replace the preset's constructor arguments (e.g. ``in_channels``,
     ``image_size``, ``mean``, ``std``, ``hidden``, ``heads``). Unknown preset names or override
     keys raise a ValueError listing the valid ones.
+
+    ``pretrained=True`` returns the trained model shipped with the package under that name
+    (``attnconv.models.pretrained``), in eval mode; it takes no overrides and its own number of
+    classes.
     """
+    if pretrained:
+        from attnconv.models.pretrained import load_pretrained, pretrained_info
+
+        info = pretrained_info(name)
+        if overrides or num_classes != info.arguments["num_classes"]:
+            raise ValueError(
+                f"pretrained model {name!r} is built as it was trained ({info.arguments['num_classes']}"
+                f" classes); build it without overrides, or fine-tune it for other settings"
+            )
+        return load_pretrained(name)
     if name not in PRESETS:
         raise ValueError(f"unknown preset {name!r}; valid presets: {', '.join(PRESETS)}")
     preset = PRESETS[name]

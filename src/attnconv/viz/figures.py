@@ -14,6 +14,7 @@ from torch import Tensor, nn
 from attnconv.viz.contours import contour_figure
 from attnconv.viz.distance import add_distances, distance_figure, format_head_table, layer_distances
 from attnconv.viz.maps import (
+    AttentionMaps,
     attention_layers,
     compute_attention,
     is_position_only,
@@ -86,11 +87,13 @@ def test_images(dataset: str, count: int, data_dir: str | None) -> tuple[Tensor,
 
 @dataclass
 class PlotResult:
-    """What ``plot_checkpoint`` wrote: the figure files, the head table rows and its text."""
+    """What ``plot_checkpoint`` wrote: the figure files, the head table rows and its text, and
+    the attention the distances were computed from (for content models, averaged over images)."""
 
     files: list[Path]
     heads: list[dict[str, Any]]
     table: str
+    maps: AttentionMaps
 
 
 def plot_checkpoint(
@@ -152,7 +155,7 @@ def plot_checkpoint(
         files += save_figure(trajectory_figure(load_center_trajectories(run)), out, "trajectories")
     rows = add_distances(_head_rows(model), distances)
     files.append(_write_csv(rows, out / "heads.csv"))
-    return PlotResult(files, rows, format_head_table(rows))
+    return PlotResult(files, rows, format_head_table(rows), averaged)
 
 
 def _head_rows(model: nn.Module) -> list[dict[str, Any]]:

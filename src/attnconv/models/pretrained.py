@@ -1,0 +1,175 @@
+"""Trained weights shipped inside the package, loaded offline: ``create_model(name, pretrained=True)``.
+
+The folder ``attnconv/models/weights/`` holds one ``NAME.safetensors`` per model (tensors only: a
+safetensors file cannot run code when it is read) and ``index.json``, which says for each model
+what it is and how to rebuild it without consulting the current presets:
+
+    name, description, dataset, architecture (a ``MODELS`` key), arguments (every constructor
+    argument, so a later edit of a preset never changes how old weights load), file, sha256 (of
+    the file's bytes, checked before anything is read), test_accuracy (on the dataset's test set,
+    in [0, 1]), and the run that made it (command, epochs, precision, CPU, training time).
+
+The models normalise their own input (mean and std are buffers), so they take float images in
+``[0, 1]`` of shape ``(B, C, H, W)`` like every model of the package, and are returned in eval mode.
+``attnconv reproduce fashion-mnist`` retrains them and writes new files with ``export_pretrained``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from attnconv.errors import UserError
+from attnconv.models.presets import MODELS
+from attnconv.runs import write_atomic
+
+WEIGHTS_DIR = Path(__file__).with_name("weights")
+INDEX_NAME = "index.json"
+
+
+class PretrainedError(UserError):
+    """Shipped weights that are missing, corrupted or do not fit their model (one-line message)."""
+
+
+@dataclass(frozen=True)
+class PretrainedInfo:
+    """One entry of ``index.json`` (see the module docstring)."""
+
+    name: str
+    description: str
+    dataset: str
+    architecture: str
+    arguments: dict[str, Any]
+    file: str
+    sha256: str
+    test_accuracy: float
+    run: dict[str, Any] = field(default_factory=dict)
+
+
+def _read_index(folder: Path) -> dict[str, PretrainedInfo]:
+    path = folder / INDEX_NAME
+    if not path.is_file():
+        return {}
+    try:
+        entries = json.loads(path.read_text())
+        return {entry["name"]: PretrainedInfo(**entry) for entry in entries}
+    except (json.JSONDecodeError, TypeError, KeyError) as err:
+        raise PretrainedError(
+            f"the pretrained index {path} is corrupted ({err}); reinstall attnconv"
+        ) from err
+
+
+def pretrained_models(folder: str | Path = WEIGHTS_DIR) -> dict[str, PretrainedInfo]:
+    """The shipped models, by name (empty if none are shipped)."""
+    return _read_index(Path(folder))
+
+
+def pretrained_info(name: str, folder: str | Path = WEIGHTS_DIR) -> PretrainedInfo:
+    """The index entry of ``name``; PretrainedError listing the shipped names if there is none."""
+    models = pretrained_models(folder)
+    if name not in models:
+        shipped = ", ".join(models) or "none"
+        raise PretrainedError(f"no pretrained weights for {name!r}; shipped: {shipped}")
+    return models[name]
+
+
+def file_sha256(path: str | Path) -> str:
+    """Hex SHA-256 of a file's bytes."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _read_weights(info: PretrainedInfo, folder: Path) -> dict[str, torch.Tensor]:
+    from safetensors import SafetensorError
+    from safetensors.torch import load as load_safetensors
+
+    path = folder / info.file
+    if not path.is_file():
+        raise PretrainedError(
+            f"the weight file {path} of pretrained model {info.name!r} is missing; reinstall "
+            f"attnconv"
+        )
+    data = path.read_bytes()
+    if hashlib.sha256(data).hexdigest() != info.sha256:
+        raise PretrainedError(
+            f"the weight file {path} of pretrained model {info.name!r} is corrupted (SHA-256 "
+            f"differs from the index); reinstall attnconv"
+        )
+    try:
+        return load_safetensors(data)
+    except SafetensorError as err:
+        raise PretrainedError(f"the weight file {path} cannot be read ({err})") from err
+
+
+def load_pretrained(name: str, folder: str | Path = WEIGHTS_DIR) -> nn.Module:
+    """The shipped model ``name`` with its trained weights, in eval mode, on the CPU.
+
+    Raises PretrainedError (one line, naming the file) if the model is not shipped, its file is
+    missing, its SHA-256 differs from the index, or the weights do not fit the architecture.
+    """
+    folder = Path(folder)
+    info = pretrained_info(name, folder)
+    if info.architecture not in MODELS:
+        raise PretrainedError(
+            f"pretrained model {name!r} needs architecture {info.architecture!r}, which this "
+            f"version of attnconv does not have"
+        )
+    state = _read_weights(info, folder)
+    model = MODELS[info.architecture](**info.arguments)
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        raise PretrainedError(
+            f"the weights in {folder / info.file} do not fit {name!r} (missing: "
+            f"{', '.join(missing) or 'none'}; unexpected: {', '.join(unexpected) or 'none'})"
+        )
+    return model.eval()
+
+
+def export_pretrained(
+    model: nn.Module,
+    name: str,
+    *,
+    description: str,
+    dataset: str,
+    architecture: str,
+    arguments: Mapping[str, Any],
+    test_accuracy: float,
+    run: Mapping[str, Any],
+    folder: str | Path = WEIGHTS_DIR,
+) -> PretrainedInfo:
+    """Write ``model``'s weights as ``folder/NAME.safetensors`` and its entry into ``index.json``
+    (replacing an entry of the same name). ``arguments`` must rebuild ``model`` through
+    ``MODELS[architecture]``; that is checked by loading the file back."""
+    from safetensors.torch import save_file
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    file = f"{name}.safetensors"
+    state = {key: value.detach().cpu().contiguous() for key, value in model.state_dict().items()}
+    save_file(state, str(folder / file))
+    info = PretrainedInfo(
+        name=name,
+        description=description,
+        dataset=dataset,
+        architecture=architecture,
+        arguments=json.loads(json.dumps(dict(arguments))),
+        file=file,
+        sha256=file_sha256(folder / file),
+        test_accuracy=float(test_accuracy),
+        run=json.loads(json.dumps(dict(run))),
+    )
+    entries = {**pretrained_models(folder), name: info}
+    text = json.dumps([asdict(entry) for entry in entries.values()], indent=2) + "\n"
+    write_atomic(folder / INDEX_NAME, text.encode())
+    load_pretrained(name, folder)
+    return info

@@ -1,0 +1,289 @@
+"""``attnconv reproduce fashion-mnist --out DIR``: the paper's experiment on real photographs, end to end.
+
+    DIR/PRESET/              one ``attnconv train`` run folder per model (a finished run, one
+                             with ``summary.json``, is skipped; an interrupted one is resumed)
+    DIR/results.md, .csv     the paper's Table 1 for this data (test accuracy, parameters,
+                             multiply-adds, training time, images/s) with each layer's grid score
+                             and mean attention distance
+    DIR/figures/PRESET/      the paper's figures of each model: mass contours per layer, layer ×
+                             head maps (for content models also averaged over test images),
+                             attention distance, Gaussian centres over the epochs, heads.csv
+
+``--export-weights`` then writes each model's best checkpoint into the package's shipped weights
+(``attnconv.models.pretrained``), with its test accuracy measured again in float32.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from attnconv.viz.maps import AttentionMaps
+
+EXPERIMENTS: dict[str, tuple[str, ...]] = {
+    "fashion-mnist": (
+        "quadratic-fashion",
+        "learned-fashion",
+        "learned-content-fashion",
+        "resnet-fashion",
+    ),
+}
+# Test images over which the attention of models with content scores is averaged.
+AVERAGE_IMAGES = 64
+RESULT_COLUMNS: tuple[str, ...] = (
+    "preset",
+    "epochs",
+    "test_acc",
+    "parameters",
+    "macs_per_image",
+    "train_time_s",
+    "images_per_s",
+    "precision",
+    "grid_kernel",
+    "grid_score",
+    "grid_coverage",
+    "attention_distance",
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("experiment", choices=tuple(EXPERIMENTS), help="the dataset")
+    parser.add_argument("--out", default="reproduce-fashion-mnist", help="the experiment folder")
+    parser.add_argument(
+        "--presets",
+        nargs="+",
+        metavar="PRESET",
+        help="only these models of the experiment (default: all)",
+    )
+    parser.add_argument(
+        "--precision",
+        choices=("auto", "fp32", "bf16"),
+        default="auto",
+        help="training precision of new runs (auto: bfloat16 where native)",
+    )
+    parser.add_argument("--data-dir", help="where datasets live")
+    parser.add_argument(
+        "--export-weights",
+        nargs="?",
+        const="",
+        metavar="FOLDER",
+        help="write the best checkpoints as shipped weights (default folder: the package's own)",
+    )
+
+
+def selected_presets(experiment: str, presets: list[str] | None) -> tuple[str, ...]:
+    """The experiment's presets, or the given subset of them (ValueError for others)."""
+    known = EXPERIMENTS[experiment]
+    if not presets:
+        return known
+    unknown = [p for p in presets if p not in known]
+    if unknown:
+        raise ValueError(
+            f"{', '.join(unknown)} not in experiment {experiment!r}; its presets: {', '.join(known)}"
+        )
+    return tuple(presets)
+
+
+def run_state(run_dir: Path) -> str:
+    """``"finished"`` (summary.json written), ``"interrupted"`` (a checkpoint to resume from) or
+    ``"new"``."""
+    if (run_dir / "summary.json").is_file():
+        return "finished"
+    if (run_dir / "checkpoints" / "last.pt").is_file():
+        return "interrupted"
+    return "new"
+
+
+def train_run(
+    preset: str, experiment: str, run_dir: Path, precision: str, data_dir: str | None
+) -> None:
+    """Train ``preset`` into ``run_dir``, resume it, or leave it if finished."""
+    from attnconv.train.config import load_config, resolve_config
+    from attnconv.train.loop import train
+
+    state = run_state(run_dir)
+    if state == "finished":
+        print(f"{preset}: finished run in {run_dir}, skipped")
+        return
+    if state == "interrupted":
+        print(f"{preset}: resuming {run_dir}")
+        train(load_config(run_dir / "config.json"), run_dir, resume=True)
+        return
+    overrides = {"precision": precision, "checkpoint_every": 1}
+    if data_dir is not None:
+        overrides["data_dir"] = data_dir
+    train(resolve_config(preset, experiment, overrides), run_dir)
+
+
+def layer_summaries(maps: AttentionMaps) -> dict[str, Any]:
+    """``grid_kernel`` (the K of the grid score, the same for every layer of these models) and,
+    per layer, ``grid_score``, ``grid_coverage`` and ``attention_distance`` (the mean over heads,
+    in tokens)."""
+    from attnconv.viz.distance import layer_distances
+    from attnconv.viz.grid import layer_grid_scores
+
+    scores = layer_grid_scores(maps)
+    return {
+        "grid_kernel": scores[0].kernel_size,
+        "grid_score": [s.score for s in scores],
+        "grid_coverage": [s.coverage for s in scores],
+        "attention_distance": [float(d.mean()) for d in layer_distances(maps)],
+    }
+
+
+def analyse_run(run_dir: Path, figures: Path, data_dir: str | None) -> dict[str, Any]:
+    """Figures of the run's best checkpoint (attention models), and its row of the results table."""
+    from attnconv.models.presets import PRESETS
+    from attnconv.viz.figures import plot_checkpoint
+
+    summary = json.loads((run_dir / "summary.json").read_text())
+    config = json.loads((run_dir / "config.json").read_text())
+    row: dict[str, Any] = {
+        "preset": summary["preset"],
+        "epochs": summary["epochs"],
+        "test_acc": summary["test_acc"],
+        "parameters": summary["parameters"],
+        "macs_per_image": summary["macs_per_image"],
+        "train_time_s": summary["train_time_s"],
+        "images_per_s": summary["images_per_s"],
+        "precision": summary.get("precision", config.get("precision")),
+        "grid_kernel": None,
+        "grid_score": None,
+        "grid_coverage": None,
+        "attention_distance": None,
+    }
+    if PRESETS[row["preset"]].model == "image_transformer":
+        best = run_dir / "checkpoints" / "best.pt"
+        plot = plot_checkpoint(best, figures, num_images=AVERAGE_IMAGES, data_dir=data_dir)
+        row.update(layer_summaries(plot.maps))
+    return row
+
+
+def _per_layer(values: list[float] | None, digits: int) -> str:
+    return "-" if values is None else " / ".join(f"{v:.{digits}f}" for v in values)
+
+
+def _covered_taps(row: dict[str, Any]) -> str:
+    if row["grid_coverage"] is None:
+        return "-"
+    taps = row["grid_kernel"] ** 2
+    return " / ".join(f"{round(c * taps)}/{taps}" for c in row["grid_coverage"])
+
+
+def format_results(rows: list[dict[str, Any]], machine: str) -> str:
+    """The results as a Markdown table, followed by a line naming the machine."""
+    from attnconv.viz.report import format_duration
+
+    headers = [
+        "model",
+        "epochs",
+        "test acc. (%)",
+        "params",
+        "MACs/image",
+        "train time",
+        "images/s",
+        "precision",
+        "grid score per layer",
+        "taps covered per layer",
+        "attention distance per layer (tokens)",
+    ]
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    for row in rows:
+        cells = [
+            f"`{row['preset']}`",
+            str(row["epochs"]),
+            f"{100 * row['test_acc']:.2f}",
+            f"{row['parameters'] / 1e3:.0f}k",
+            f"{row['macs_per_image'] / 1e6:.1f}M",
+            format_duration(row["train_time_s"]),
+            f"{row['images_per_s']:.0f}",
+            str(row["precision"]),
+            _per_layer(row["grid_score"], 2),
+            _covered_taps(row),
+            _per_layer(row["attention_distance"], 2),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + f"\n\nTrained on: {machine}\n"
+
+
+def write_results(rows: list[dict[str, Any]], out: Path, machine: str) -> list[Path]:
+    """``results.md`` and ``results.csv`` (per-layer values joined by spaces) in ``out``."""
+    markdown = out / "results.md"
+    markdown.write_text(format_results(rows, machine))
+    table = out / "results.csv"
+    with table.open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(RESULT_COLUMNS))
+        writer.writeheader()
+        for row in rows:
+            writer.writerow(
+                {
+                    key: " ".join(f"{v:.4f}" for v in row[key])
+                    if isinstance(row[key], list)
+                    else row[key]
+                    for key in RESULT_COLUMNS
+                }
+            )
+    return [markdown, table]
+
+
+def export_run(run_dir: Path, folder: Path | None, data_dir: str | None) -> float:
+    """Ship the run's best checkpoint as pretrained weights; returns its float32 test accuracy."""
+    from attnconv.data import BatchLoader, load_splits
+    from attnconv.hardware import machine_description
+    from attnconv.models.presets import PRESETS
+    from attnconv.models.pretrained import WEIGHTS_DIR, export_pretrained
+    from attnconv.train.checkpoint import load_model
+    from attnconv.train.loop import evaluation_sums
+
+    model, checkpoint = load_model(run_dir / "checkpoints" / "best.pt")
+    preset = PRESETS[checkpoint["preset"]]
+    data = load_splits(checkpoint["dataset"], data_dir)
+    loader = BatchLoader(data.test, 500, device="cpu", train=False, flip=False)
+    _, correct, seen = evaluation_sums(model, loader, "fp32")
+    summary = json.loads((run_dir / "summary.json").read_text())
+    export_pretrained(
+        model,
+        preset.name,
+        description=preset.description,
+        dataset=checkpoint["dataset"],
+        architecture=preset.model,
+        arguments={**preset.model_kwargs, **checkpoint["model_config"]},
+        test_accuracy=correct / seen,
+        run={
+            "command": f"attnconv reproduce {checkpoint['dataset']}",
+            "epochs": summary["epochs"],
+            "best_epoch": summary["best_epoch"],
+            "precision": summary.get("precision"),
+            "train_time_s": summary["train_time_s"],
+            "machine": machine_description("cpu"),
+        },
+        folder=WEIGHTS_DIR if folder is None else folder,
+    )
+    return correct / seen
+
+
+def run(args: argparse.Namespace) -> int:
+    from attnconv.hardware import machine_description
+
+    presets = selected_presets(args.experiment, args.presets)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    for preset in presets:
+        train_run(preset, args.experiment, out / preset, args.precision, args.data_dir)
+    rows = [
+        analyse_run(out / preset, out / "figures" / preset, args.data_dir) for preset in presets
+    ]
+    files = write_results(rows, out, machine_description("cpu"))
+    print((out / "results.md").read_text())
+    if args.export_weights is not None:
+        folder = Path(args.export_weights) if args.export_weights else None
+        for preset in presets:
+            accuracy = export_run(out / preset, folder, args.data_dir)
+            print(f"{preset}: shipped, float32 test accuracy {accuracy:.4f}")
+    print(f"wrote {', '.join(str(f) for f in files)} and {out / 'figures'}", file=sys.stderr)
+    return 0

@@ -1,0 +1,105 @@
+"""Shipped weights: export, SHA-256-checked load, and one-line errors for every broken file."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from attnconv.models import create_model
+from attnconv.models.presets import PRESETS
+from attnconv.models.pretrained import (
+    INDEX_NAME,
+    PretrainedError,
+    export_pretrained,
+    load_pretrained,
+    pretrained_models,
+)
+
+
+def export_quick(folder, name="tiny", test_accuracy=0.5):
+    torch.manual_seed(3)
+    preset = PRESETS["quick"]
+    arguments = {**preset.model_kwargs, "num_classes": 10}
+    model = create_model("quick")
+    with torch.no_grad():
+        model.blocks[0].attention.centers.add_(0.25)  # differs from a fresh model
+    export_pretrained(
+        model,
+        name,
+        description="a test model",
+        dataset="digits",
+        architecture=preset.model,
+        arguments=arguments,
+        test_accuracy=test_accuracy,
+        run={"epochs": 1},
+        folder=folder,
+    )
+    return model
+
+
+def test_round_trip_is_exact_and_in_eval_mode(tmp_path):
+    model = export_quick(tmp_path)
+    loaded = load_pretrained("tiny", tmp_path)
+    assert not loaded.training
+    assert loaded.state_dict().keys() == model.state_dict().keys()
+    for key, value in model.state_dict().items():
+        assert torch.equal(loaded.state_dict()[key], value), key
+    images = torch.rand(3, 1, 8, 8)
+    model.eval()
+    torch.testing.assert_close(loaded(images), model(images), rtol=0, atol=0)
+    info = pretrained_models(tmp_path)["tiny"]
+    assert info.test_accuracy == 0.5 and info.dataset == "digits"
+    assert info.arguments["mean"] == list(PRESETS["quick"].model_kwargs["mean"])
+    # The file is plain safetensors: tensors only, readable without attnconv.
+    from safetensors.torch import load_file
+
+    raw = load_file(str(tmp_path / info.file))
+    assert torch.equal(raw["blocks.0.attention.centers"], model.blocks[0].attention.centers)
+
+
+def test_second_export_keeps_the_first_entry(tmp_path):
+    export_quick(tmp_path, "one", 0.1)
+    export_quick(tmp_path, "two", 0.2)
+    models = pretrained_models(tmp_path)
+    assert list(models) == ["one", "two"]
+    assert [m.test_accuracy for m in models.values()] == [0.1, 0.2]
+
+
+def test_a_changed_byte_is_refused(tmp_path):
+    export_quick(tmp_path)
+    path = tmp_path / "tiny.safetensors"
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0x01
+    path.write_bytes(bytes(data))
+    with pytest.raises(PretrainedError, match=r"tiny.safetensors .*corrupted \(SHA-256"):
+        load_pretrained("tiny", tmp_path)
+
+
+def test_missing_file_and_unknown_name(tmp_path):
+    export_quick(tmp_path)
+    with pytest.raises(PretrainedError, match="no pretrained weights for 'other'; shipped: tiny"):
+        load_pretrained("other", tmp_path)
+    (tmp_path / "tiny.safetensors").unlink()
+    with pytest.raises(
+        PretrainedError, match=r"tiny.safetensors of pretrained model 'tiny' is missing"
+    ):
+        load_pretrained("tiny", tmp_path)
+
+
+def test_weights_that_do_not_fit_the_arguments(tmp_path):
+    export_quick(tmp_path)
+    index = json.loads((tmp_path / INDEX_NAME).read_text())
+    index[0]["arguments"]["depth"] = 3
+    (tmp_path / INDEX_NAME).write_text(json.dumps(index))
+    with pytest.raises(PretrainedError, match=r"do not fit 'tiny' .*missing: blocks.2"):
+        load_pretrained("tiny", tmp_path)
+    (tmp_path / INDEX_NAME).write_text("[{")
+    with pytest.raises(PretrainedError, match=r"index .* is corrupted"):
+        load_pretrained("tiny", tmp_path)
+
+
+def test_create_model_pretrained_names_what_is_shipped():
+    with pytest.raises(PretrainedError, match="no pretrained weights for 'quadratic'; shipped: "):
+        create_model("quadratic", pretrained=True)
