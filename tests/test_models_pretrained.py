@@ -13,8 +13,10 @@ from attnconv.models.pretrained import (
     INDEX_NAME,
     PretrainedError,
     export_pretrained,
+    export_samples,
     load_pretrained,
     pretrained_models,
+    sample_images,
 )
 
 
@@ -103,3 +105,16 @@ def test_weights_that_do_not_fit_the_arguments(tmp_path):
 def test_create_model_pretrained_names_what_is_shipped():
     with pytest.raises(PretrainedError, match="no pretrained weights for 'quadratic'; shipped: "):
         create_model("quadratic", pretrained=True)
+
+
+def test_shipped_test_images_round_trip(tmp_path):
+    images = torch.randint(0, 256, (3, 1, 5, 4), dtype=torch.uint8)
+    labels = torch.tensor([2, 0, 1])
+    export_samples(images, labels, ["cat", "dog", "fox"], "toy", tmp_path)
+    floats, captions = sample_images("toy", tmp_path)
+    torch.testing.assert_close(floats, images.float() / 255.0)
+    assert captions == ["test 0: fox", "test 1: cat", "test 2: dog"]
+    with pytest.raises(PretrainedError, match="no test images of 'other'"):
+        sample_images("other", tmp_path)
+    with pytest.raises(ValueError, match="expected uint8 images"):
+        export_samples(images.float(), labels, ["a"], "toy", tmp_path)

@@ -267,6 +267,21 @@ def export_run(run_dir: Path, folder: Path | None, data_dir: str | None) -> floa
     return correct / seen
 
 
+def export_test_samples(dataset: str, folder: Path | None, data_dir: str | None) -> Path:
+    """Ship the first ``SAMPLE_COUNT`` test images of ``dataset`` beside the weights."""
+    from attnconv.data import load_splits
+    from attnconv.models.pretrained import SAMPLE_COUNT, WEIGHTS_DIR, export_samples
+
+    splits = load_splits(dataset, data_dir)
+    return export_samples(
+        splits.test.images[:SAMPLE_COUNT],
+        splits.test.labels[:SAMPLE_COUNT],
+        splits.classes,
+        dataset,
+        WEIGHTS_DIR if folder is None else folder,
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     from attnconv.hardware import machine_description
 
@@ -285,5 +300,6 @@ def run(args: argparse.Namespace) -> int:
         for preset in presets:
             accuracy = export_run(out / preset, folder, args.data_dir)
             print(f"{preset}: shipped, float32 test accuracy {accuracy:.4f}")
+        export_test_samples(args.experiment, folder, args.data_dir)
     print(f"wrote {', '.join(str(f) for f in files)} and {out / 'figures'}", file=sys.stderr)
     return 0

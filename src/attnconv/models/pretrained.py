@@ -32,6 +32,9 @@ from attnconv.runs import write_atomic
 
 WEIGHTS_DIR = Path(__file__).with_name("weights")
 INDEX_NAME = "index.json"
+# A few test images of each dataset the shipped models were trained on, so that figures and the
+# explorer of models with content scores work offline: ``samples-DATASET.safetensors``.
+SAMPLE_COUNT = 8
 
 
 class PretrainedError(UserError):
@@ -173,3 +176,49 @@ def export_pretrained(
     write_atomic(folder / INDEX_NAME, text.encode())
     load_pretrained(name, folder)
     return info
+
+
+def _samples_path(dataset: str, folder: Path) -> Path:
+    return folder / f"samples-{dataset}.safetensors"
+
+
+def export_samples(
+    images: torch.Tensor,
+    labels: torch.Tensor,
+    classes: list[str],
+    dataset: str,
+    folder: str | Path = WEIGHTS_DIR,
+) -> Path:
+    """Ship ``images`` (uint8 ``(B, C, H, W)``) and ``labels`` (``(B,)``) of ``dataset``'s test
+    set, with the class names, as ``samples-DATASET.safetensors``."""
+    from safetensors.torch import save_file
+
+    if images.dtype != torch.uint8 or images.dim() != 4 or labels.shape != images.shape[:1]:
+        raise ValueError(
+            f"expected uint8 images (B, C, H, W) and labels (B,), got {images.dtype} "
+            f"{tuple(images.shape)} and {tuple(labels.shape)}"
+        )
+    path = _samples_path(dataset, Path(folder))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tensors = {"images": images.contiguous(), "labels": labels.to(torch.int64).contiguous()}
+    save_file(tensors, str(path), metadata={"classes": json.dumps(list(classes))})
+    return path
+
+
+def sample_images(dataset: str, folder: str | Path = WEIGHTS_DIR) -> tuple[torch.Tensor, list[str]]:
+    """The shipped test images of ``dataset`` as floats ``(B, C, H, W)`` in ``[0, 1]``, and a
+    caption per image (``"test i: CLASS"``). PretrainedError if none are shipped."""
+    from safetensors import SafetensorError, safe_open
+
+    path = _samples_path(dataset, Path(folder))
+    if not path.is_file():
+        raise PretrainedError(f"no test images of {dataset!r} are shipped (no {path})")
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            images = handle.get_tensor("images")
+            labels = handle.get_tensor("labels")
+            classes = json.loads(handle.metadata()["classes"])
+    except (SafetensorError, KeyError, json.JSONDecodeError) as err:
+        raise PretrainedError(f"the shipped test images {path} cannot be read ({err})") from err
+    captions = [f"test {i}: {classes[int(y)]}" for i, y in enumerate(labels)]
+    return images.float() / 255.0, captions
