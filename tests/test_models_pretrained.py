@@ -118,3 +118,16 @@ def test_shipped_test_images_round_trip(tmp_path):
         sample_images("other", tmp_path)
     with pytest.raises(ValueError, match="expected uint8 images"):
         export_samples(images.float(), labels, ["a"], "toy", tmp_path)
+
+
+def test_commands_take_a_checkpoint_or_a_pretrained_name_not_both(capsys):
+    from attnconv import cli
+
+    for command in (["eval"], ["plot", "--out", "x"]):
+        assert cli.main([*command, "--pretrained", "no-such-model"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "no pretrained weights for 'no-such-model'" in err[0], err
+        assert cli.main([*command, "some.pt", "--pretrained", "no-such-model"]) == 2
+        assert "give a CHECKPOINT or --pretrained NAME" in capsys.readouterr().err
+        assert cli.main(command) == 2
+        assert "give a CHECKPOINT or --pretrained NAME" in capsys.readouterr().err

@@ -222,3 +222,11 @@ def sample_images(dataset: str, folder: str | Path = WEIGHTS_DIR) -> tuple[torch
         raise PretrainedError(f"the shipped test images {path} cannot be read ({err})") from err
     captions = [f"test {i}: {classes[int(y)]}" for i, y in enumerate(labels)]
     return images.float() / 255.0, captions
+
+
+def checkpoint_or_pretrained(checkpoint: str | None, pretrained: str | None) -> str:
+    """For commands that take ``CHECKPOINT`` or ``--pretrained NAME``: which one was given
+    (``"checkpoint"`` or ``"pretrained"``); UserError unless exactly one was."""
+    if (checkpoint is None) == (pretrained is None):
+        raise UserError("give a CHECKPOINT or --pretrained NAME (one of them)")
+    return "checkpoint" if pretrained is None else "pretrained"

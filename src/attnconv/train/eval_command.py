@@ -1,4 +1,5 @@
-"""``attnconv eval CHECKPOINT``: accuracy and loss of a trained model on a dataset split."""
+"""``attnconv eval CHECKPOINT|--pretrained NAME``: accuracy and loss of a trained model on a
+dataset split."""
 
 from __future__ import annotations
 
@@ -8,21 +9,40 @@ from attnconv.hardware import PRECISIONS
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("checkpoint", help="a checkpoint written by `attnconv train`")
+    parser.add_argument("checkpoint", nargs="?", help="a checkpoint written by `attnconv train`")
+    parser.add_argument(
+        "--pretrained",
+        metavar="NAME",
+        help="a model shipped with attnconv "
+        "instead of a checkpoint (its dataset must be installed)",
+    )
     parser.add_argument("--dataset", help="the dataset (default: the one it was trained on)")
     parser.add_argument("--data-dir", help="where datasets live")
-    parser.add_argument("--split", choices=("test", "val"), default="test",
-                        help="val: the validation images carved exactly as during training")
+    parser.add_argument(
+        "--split",
+        choices=("test", "val"),
+        default="test",
+        help="val: the validation images carved exactly as during training",
+    )
     parser.add_argument("--batch-size", type=int, default=500, help="images per forward")
-    parser.add_argument("--precision", choices=PRECISIONS, default="auto",
-                        help="auto (default): bfloat16 autocast where the device computes in "
-                        "bfloat16 natively, else float32; fp32; bf16 (warns where slow)")
+    parser.add_argument(
+        "--precision",
+        choices=PRECISIONS,
+        default="auto",
+        help="auto (default): bfloat16 autocast where the device computes in "
+        "bfloat16 natively, else float32; fp32; bf16 (warns where slow)",
+    )
     parser.add_argument("--device", default="auto", help="auto (CUDA if available), cpu or cuda")
 
 
 def run(args: argparse.Namespace) -> int:
     from attnconv.data import BatchLoader, load_splits
     from attnconv.hardware import resolve_precision
+    from attnconv.models.pretrained import (
+        checkpoint_or_pretrained,
+        load_pretrained,
+        pretrained_info,
+    )
     from attnconv.train.checkpoint import load_model
     from attnconv.train.distributed import select_device
     from attnconv.train.loop import check_data_fits, evaluation_sums
@@ -30,18 +50,26 @@ def run(args: argparse.Namespace) -> int:
     if args.batch_size < 1:
         raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}")
     device = select_device(args.device)
-    model, checkpoint = load_model(args.checkpoint, map_location=device)
-    dataset = args.dataset or checkpoint["dataset"]
-    config = checkpoint.get("config", {})
+    if checkpoint_or_pretrained(args.checkpoint, args.pretrained) == "pretrained":
+        info = pretrained_info(args.pretrained)
+        model = load_pretrained(args.pretrained).to(device)
+        model_config, config = info.arguments, {}
+        trained_on = info.dataset
+        name = f"{args.pretrained} (shipped; stated test accuracy {info.test_accuracy:.4f})"
+    else:
+        model, checkpoint = load_model(args.checkpoint, map_location=device)
+        model_config, config = checkpoint["model_config"], checkpoint.get("config", {})
+        trained_on = checkpoint["dataset"]
+        name = f"{args.checkpoint} ({checkpoint['preset']}, epoch {checkpoint.get('epoch', '?')})"
+    dataset = args.dataset or trained_on
     data = load_splits(dataset, args.data_dir, config.get("val_size"), seed=config.get("seed", 0))
-    check_data_fits(checkpoint["model_config"], data, f"checkpoint {args.checkpoint}")
+    check_data_fits(model_config, data, name)
     images = data.test if args.split == "test" else data.val
     loader = BatchLoader(images, args.batch_size, device=device, train=False, flip=False)
     precision = resolve_precision(args.precision, device)
     loss_sum, correct, seen = evaluation_sums(model, loader, precision)
     print(
-        f"{args.checkpoint} ({checkpoint['preset']}, epoch {checkpoint.get('epoch', '?')}) on "
-        f"{dataset} {args.split} ({int(seen)} images, {precision}): accuracy {correct / seen:.4f} "
-        f"({int(correct)}/{int(seen)}), loss {loss_sum / seen:.4f}"
+        f"{name} on {dataset} {args.split} ({int(seen)} images, {precision}): accuracy "
+        f"{correct / seen:.4f} ({int(correct)}/{int(seen)}), loss {loss_sum / seen:.4f}"
     )
     return 0

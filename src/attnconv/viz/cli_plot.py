@@ -1,4 +1,5 @@
-"""``attnconv plot CHECKPOINT --out DIR``: every attention figure of a checkpoint, PNG and PDF."""
+"""``attnconv plot CHECKPOINT|--pretrained NAME --out DIR``: every attention figure of a model,
+PNG and PDF."""
 
 from __future__ import annotations
 
@@ -6,7 +7,15 @@ import argparse
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("checkpoint", help="a checkpoint file, or a run folder (its last.pt)")
+    parser.add_argument(
+        "checkpoint", nargs="?", help="a checkpoint file, or a run folder (its last.pt)"
+    )
+    parser.add_argument(
+        "--pretrained",
+        metavar="NAME",
+        help="a model shipped with attnconv instead of a checkpoint (offline; content models "
+        "use the shipped test images)",
+    )
     parser.add_argument("--out", required=True, help="folder for the figures")
     parser.add_argument(
         "--query",
@@ -36,17 +45,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from attnconv.viz.figures import plot_checkpoint
+    from attnconv.models.pretrained import checkpoint_or_pretrained
+    from attnconv.viz.figures import plot_checkpoint, plot_pretrained
 
-    result = plot_checkpoint(
-        args.checkpoint,
-        args.out,
-        query=None if args.query is None else tuple(args.query),
-        window=args.window,
-        num_images=args.images,
-        image_index=args.image_index,
-        data_dir=args.data_dir,
-    )
+    options = {
+        "query": None if args.query is None else tuple(args.query),
+        "window": args.window,
+        "num_images": args.images,
+        "image_index": args.image_index,
+    }
+    if checkpoint_or_pretrained(args.checkpoint, args.pretrained) == "pretrained":
+        result = plot_pretrained(args.pretrained, args.out, **options)
+    else:
+        result = plot_checkpoint(args.checkpoint, args.out, data_dir=args.data_dir, **options)
     print(result.table)
     print(f"wrote {len(result.files)} files to {args.out}:")
     for path in result.files:

@@ -105,34 +105,70 @@ def plot_checkpoint(
     image_index: int = 0,
     data_dir: str | None = None,
 ) -> PlotResult:
-    """Write every figure of a checkpoint (or run folder) into ``out_dir`` as PNG and PDF.
-
-    ``contours`` (mass contours per layer), ``maps`` (layer × head maps, zoomed to ``window`` tokens
-    around ``query`` when given), ``distance`` (attention distance per head and layer),
-    ``trajectories`` (Gaussian centres over the run's ``checkpoints/epoch_*.pt``, when there are
-    any) and ``heads.csv`` (the head table with attention distances). Models with content scores
-    use test images of the checkpoint's dataset: maps and contours for test image
-    ``image_index``, plus ``maps_average`` and the distances over the first ``num_images``.
-    """
+    """Write every figure of a checkpoint (or run folder) into ``out_dir`` as PNG and PDF
+    (``plot_model``). Models with content scores use the first ``max(num_images, image_index + 1)``
+    test images of the checkpoint's dataset; Gaussian models of a run folder with
+    ``checkpoints/epoch_*.pt`` also get their centres' trajectories."""
     from attnconv.train.checkpoint import load_model
 
     path = checkpoint_path(path)
     model, checkpoint = load_model(path)
     if not hasattr(model, "attention_layers"):
         raise ValueError(f"{str(path)!r} holds a {type(model).__name__}, which has no attention")
+    images = labels = None
+    if not is_position_only(model):
+        images, labels = test_images(
+            checkpoint["dataset"], max(num_images, image_index + 1), data_dir
+        )
+    return plot_model(
+        model,
+        out_dir,
+        f"{checkpoint['preset']}, epoch {checkpoint['epoch']}",
+        images,
+        labels,
+        query=query,
+        window=window,
+        num_images=num_images,
+        image_index=image_index,
+        run=run_folder(path),
+    )
+
+
+def plot_model(
+    model: nn.Module,
+    out_dir: str | Path,
+    name: str,
+    images: Tensor | None = None,
+    labels: list[str] | None = None,
+    query: tuple[int, int] | None = None,
+    window: int | None = None,
+    num_images: int = 16,
+    image_index: int = 0,
+    run: Path | None = None,
+) -> PlotResult:
+    """Write every figure of ``model`` (called ``name`` in titles) into ``out_dir``, PNG and PDF.
+
+    ``contours`` (mass contours per layer), ``maps`` (layer × head maps, zoomed to ``window`` tokens
+    around ``query`` when given), ``distance`` (attention distance per head and layer),
+    ``trajectories`` (Gaussian centres over the ``checkpoints/epoch_*.pt`` of the run folder
+    ``run``, when there are any) and ``heads.csv`` (the head table with attention distances).
+    Models with content scores need ``images`` (float ``(B, C, H, W)`` in ``[0, 1]``) and a caption
+    per image: maps and contours for image ``image_index``, plus ``maps_average`` and the
+    distances over the first ``num_images``.
+    """
+    if not hasattr(model, "attention_layers"):
+        raise ValueError(f"{name} is a {type(model).__name__}, which has no attention")
     image_size = tuple(model.image_size)
     out = Path(out_dir)
     files: list[Path] = []
-    name = f"{checkpoint['preset']}, epoch {checkpoint['epoch']}"
     if is_position_only(model):
         maps = averaged = compute_attention(model, image_size)
         image = None
     else:
-        images, labels = test_images(
-            checkpoint["dataset"], max(num_images, image_index + 1), data_dir
-        )
+        if images is None or labels is None:
+            raise ValueError(f"{name} has content scores: its figures need test images")
         if not 0 <= image_index < images.shape[0]:
-            raise ValueError(f"image_index {image_index} is outside the test set")
+            raise ValueError(f"image_index {image_index} is outside the {images.shape[0]} images")
         image = images[image_index]
         maps = compute_attention(model, image_size, image[None])
         maps.description = labels[image_index]
@@ -150,12 +186,40 @@ def plot_checkpoint(
         out,
         "distance",
     )
-    run = run_folder(path)
     if is_gaussian(model) and run is not None and list((run / "checkpoints").glob("epoch_*.pt")):
         files += save_figure(trajectory_figure(load_center_trajectories(run)), out, "trajectories")
     rows = add_distances(_head_rows(model), distances)
     files.append(_write_csv(rows, out / "heads.csv"))
     return PlotResult(files, rows, format_head_table(rows), averaged)
+
+
+def plot_pretrained(
+    name: str,
+    out_dir: str | Path,
+    query: tuple[int, int] | None = None,
+    window: int | None = None,
+    num_images: int = 16,
+    image_index: int = 0,
+) -> PlotResult:
+    """``plot_model`` for a model shipped with attnconv, offline: content models use the test
+    images shipped beside the weights (``attnconv.models.pretrained.sample_images``)."""
+    from attnconv.models.pretrained import load_pretrained, pretrained_info, sample_images
+
+    model = load_pretrained(name)
+    images = labels = None
+    if hasattr(model, "attention_layers") and not is_position_only(model):
+        images, labels = sample_images(pretrained_info(name).dataset)
+    return plot_model(
+        model,
+        out_dir,
+        f"{name} (shipped)",
+        images,
+        labels,
+        query=query,
+        window=window,
+        num_images=num_images,
+        image_index=image_index,
+    )
 
 
 def _head_rows(model: nn.Module) -> list[dict[str, Any]]:
