@@ -7,7 +7,13 @@ import numpy as np
 import pytest
 
 from attnconv.cli import main
-from attnconv.viz.report import format_summary_table, load_run, report_figure, summary_row
+from attnconv.viz.report import (
+    format_summary_table,
+    load_run,
+    report_figure,
+    run_labels,
+    summary_row,
+)
 from viz_helpers import write_run
 
 
@@ -109,7 +115,54 @@ def test_report_figure_draws_each_runs_curve_and_test_star(runs):
         np.testing.assert_allclose(
             lines[f"val-{index}"].get_ydata(), [100 * m["val_acc"] for m in run.metrics]
         )
-    np.testing.assert_allclose(lines["test-0"].get_xydata(), [[3, 62.34]])
+    # the test accuracy is that of the best-validation checkpoint (epoch 2), not of the last epoch
+    np.testing.assert_allclose(lines["test-0"].get_xydata(), [[2, 62.34]])
+
+
+def test_report_legend_names_what_is_drawn(runs):
+    ax = report_figure([load_run(path) for path in runs]).axes[0]
+    legend = ax.get_legend()
+    texts = [text.get_text() for text in legend.get_texts()]
+    assert texts == [
+        "attention (quadratic), validation",
+        "resnet (resnet18), validation",
+        "test accuracy of the best-validation checkpoint",
+    ]
+    # each run's entry is its line (same colour); the star key is a star, not a line
+    by_label = {line.get_label(): line for line in ax.lines}
+    for handle, text in zip(legend.legend_handles, texts[:2], strict=False):
+        assert handle.get_color() == by_label[text].get_color()
+        assert handle.get_marker() in ("None", "", None)
+    assert legend.legend_handles[2].get_marker() == "*"
+    assert legend.legend_handles[2].get_linestyle() == "None"
+
+
+def test_report_without_finished_runs_has_no_star_key(runs):
+    ax = report_figure([load_run(runs[1])]).axes[0]
+    texts = [text.get_text() for text in ax.get_legend().get_texts()]
+    assert texts == ["resnet (resnet18), validation"]
+
+
+def test_runs_with_the_same_folder_name_are_told_apart(runs, tmp_path, capsys):
+    first, second = (tmp_path / "demo-a" / "run", tmp_path / "demo-b" / "run")
+    for target, source in ((first, runs[0]), (second, runs[1])):
+        target.mkdir(parents=True)
+        for file in source.iterdir():
+            (target / file.name).write_bytes(file.read_bytes())
+    loaded = [load_run(first), load_run(second), load_run(runs[0])]
+    assert run_labels(loaded) == ["demo-a/run", "demo-b/run", "attention"]
+    texts = [t.get_text() for t in report_figure(loaded).axes[0].get_legend().get_texts()]
+    assert texts[:3] == [
+        "demo-a/run (quadratic), validation",
+        "demo-b/run (resnet18), validation",
+        "attention (quadratic), validation",
+    ]
+    assert main(["report", str(first), str(second), "--out", str(tmp_path / "report")]) == 0
+    table = parse_table(capsys.readouterr().out)
+    assert [row["run"] for row in table] == ["demo-a/run", "demo-b/run"]
+    # the same folder twice: nothing tells it apart, its full path is shown
+    same = [load_run(first), load_run(first)]
+    assert run_labels(same) == [str(first.resolve())] * 2
 
 
 def test_report_cli_prints_the_table_and_writes_figures(runs, tmp_path, capsys):

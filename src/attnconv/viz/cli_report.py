@@ -19,11 +19,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from attnconv.viz.report import format_summary_table, load_run, report_figure, summary_row
+    from attnconv.viz.report import (
+        format_summary_table,
+        load_run,
+        report_figure,
+        run_labels,
+        summary_row,
+    )
     from attnconv.viz.style import save_figure
 
     runs = [load_run(path) for path in args.runs]
-    table = format_summary_table([summary_row(run) for run in runs])
+    names = run_labels(runs)
+    table = format_summary_table(
+        [summary_row(run, name) for run, name in zip(runs, names, strict=True)]
+    )
     print(table)
     files = save_figure(report_figure(runs), args.out, "report")
     summary = Path(args.out) / "summary.md"

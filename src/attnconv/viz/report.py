@@ -73,8 +73,27 @@ def _parse_json(text: str, where: str) -> dict[str, Any]:
     return value
 
 
-def summary_row(run: Run) -> dict[str, Any]:
-    """Table-1 numbers of a run (``None`` where unknown): ``run``, ``preset``, ``dataset``,
+def run_labels(runs: Sequence[Run]) -> list[str]:
+    """Names that tell ``runs`` apart: each run folder's name, with as many of its parent folders
+    as it takes to differ from the others (``a/run`` and ``b/run`` for two folders named ``run``)."""
+    parts = [run.path.resolve().parts for run in runs]
+    depths = [1] * len(runs)
+    while True:
+        labels = [str(Path(*p[-d:])) for p, d in zip(parts, depths, strict=True)]
+        clashing = [
+            i
+            for i, label in enumerate(labels)
+            if labels.count(label) > 1 and depths[i] < len(parts[i])
+        ]
+        if not clashing:
+            return labels
+        for i in clashing:
+            depths[i] += 1
+
+
+def summary_row(run: Run, name: str | None = None) -> dict[str, Any]:
+    """Table-1 numbers of a run (``None`` where unknown): ``run`` (``name``, by default the
+    folder's name), ``preset``, ``dataset``,
     ``epochs`` (trained so far), ``parameters``, ``macs_per_image``, ``best_val_acc``,
     ``best_epoch``, ``test_acc``, ``train_time_s``.
 
@@ -89,7 +108,7 @@ def summary_row(run: Run) -> dict[str, Any]:
     if train_time is None and run.metrics and all("epoch_time_s" in m for m in run.metrics):
         train_time = sum(m["epoch_time_s"] for m in run.metrics)
     return {
-        "run": run.name,
+        "run": run.name if name is None else name,
         "preset": run.preset,
         "dataset": run.dataset,
         "epochs": max((int(m["epoch"]) for m in run.metrics), default=0),
@@ -150,55 +169,71 @@ def format_summary_table(rows: Sequence[dict[str, Any]]) -> str:
     return "\n".join([line(headers), rule, *(line(c) for c in cells)])
 
 
+def test_point(run: Run) -> tuple[int, float] | None:
+    """(epoch, test accuracy in %) of a finished run: training tests the checkpoint of the best
+    validation accuracy, so the epoch is ``best_epoch``. None before the run has finished."""
+    summary = run.summary or {}
+    test, epoch = summary.get("test_acc"), summary.get("best_epoch")
+    if test is None or epoch is None or not math.isfinite(test):
+        return None
+    return int(epoch), 100 * test
+
+
+TEST_LABEL = "test accuracy of the best-validation checkpoint"
+
+
 def report_figure(runs: Sequence[Run], title: str | None = None) -> Figure:
-    """Validation accuracy (%) against epoch, one line per run in its own colour; a run's test
-    accuracy, when known, is a star at its last epoch. Each run's line has gid ``"val-{i}"`` and
-    its star ``"test-{i}"``."""
+    """Validation accuracy (%) against epoch, one line per run in its own colour, labelled with a
+    name that tells the runs apart (``run_labels``); a finished run's test accuracy is a star at the
+    epoch of the checkpoint it was measured on (``test_point``). Each run's line has gid
+    ``"val-{i}"`` and its star ``"test-{i}"``."""
     if not runs:
         raise ValueError("no runs to plot")
     fig = new_figure(7.5, 4.5)
     ax = fig.subplots()
-    for index, run in enumerate(runs):
+    stars = False
+    for index, (run, name) in enumerate(zip(runs, run_labels(runs), strict=True)):
         color = palette_color(index)
         points = [
             (m["epoch"], 100 * m["val_acc"]) for m in run.metrics if m.get("val_acc") is not None
         ]
-        label = f"{run.name} ({run.preset})"
+        label = f"{name} ({run.preset}), validation"
         if points:
             epochs, accuracy = zip(*points, strict=True)
             (line,) = ax.plot(epochs, accuracy, color=color, linewidth=1.5, label=label)
             line.set_gid(f"val-{index}")
-        test = (run.summary or {}).get("test_acc")
-        if test is not None and math.isfinite(test):
-            last = max(int(m["epoch"]) for m in run.metrics) if run.metrics else 0
+        test = test_point(run)
+        if test is not None:
             (star,) = ax.plot(
-                [last],
-                [100 * test],
+                [test[0]],
+                [test[1]],
                 marker="*",
                 markersize=12,
                 color=color,
                 markeredgecolor="black",
                 linestyle="none",
-                label=None if points else label,
+                label=None if points else f"{name} ({run.preset}), test",
             )
             star.set_gid(f"test-{index}")
+            stars = True
     ax.set_xlabel("epoch")
     ax.set_ylabel("accuracy (%)")
     ax.grid(color="0.9")
     handles, _ = ax.get_legend_handles_labels()
-    handles += [
-        Line2D([], [], color="0.3", label="validation"),
-        Line2D(
-            [],
-            [],
-            color="0.3",
-            marker="*",
-            markersize=10,
-            markeredgecolor="black",
-            linestyle="none",
-            label="test (end of run)",
-        ),
-    ]
+    if stars:
+        # what a star means, in the colour of no run: each star has its run's colour
+        handles.append(
+            Line2D(
+                [],
+                [],
+                color="white",
+                marker="*",
+                markersize=10,
+                markeredgecolor="black",
+                linestyle="none",
+                label=TEST_LABEL,
+            )
+        )
     ax.legend(handles=handles, fontsize=8, loc="lower right")
     ax.set_title(title or "Accuracy against epoch", fontsize=11)
     return fig
