@@ -46,6 +46,7 @@ RESULT_COLUMNS: tuple[str, ...] = (
     "precision",
     "grid_kernel",
     "grid_score",
+    "grid_score_init",
     "grid_coverage",
     "attention_distance",
 )
@@ -137,9 +138,18 @@ def layer_summaries(maps: AttentionMaps) -> dict[str, Any]:
 
 
 def analyse_run(run_dir: Path, figures: Path, data_dir: str | None) -> dict[str, Any]:
-    """Figures of the run's best checkpoint (attention models), and its row of the results table."""
-    from attnconv.models.presets import PRESETS
-    from attnconv.viz.figures import plot_checkpoint
+    """Figures of the run's best checkpoint (attention models), and its row of the results table.
+
+    For attention models the row also holds ``grid_score_init``: the grid score of the same
+    model as training initialised it (the run's seed), so the table shows what training changed.
+    """
+    import torch
+
+    from attnconv.models.presets import PRESETS, create_model
+    from attnconv.train.checkpoint import load_model
+    from attnconv.viz.figures import plot_model, run_folder, test_images
+    from attnconv.viz.grid import layer_grid_scores
+    from attnconv.viz.maps import compute_attention, is_position_only
 
     summary = json.loads((run_dir / "summary.json").read_text())
     config = json.loads((run_dir / "config.json").read_text())
@@ -154,13 +164,26 @@ def analyse_run(run_dir: Path, figures: Path, data_dir: str | None) -> dict[str,
         "precision": summary.get("precision", config.get("precision")),
         "grid_kernel": None,
         "grid_score": None,
+        "grid_score_init": None,
         "grid_coverage": None,
         "attention_distance": None,
     }
-    if PRESETS[row["preset"]].model == "image_transformer":
-        best = run_dir / "checkpoints" / "best.pt"
-        plot = plot_checkpoint(best, figures, num_images=AVERAGE_IMAGES, data_dir=data_dir)
-        row.update(layer_summaries(plot.maps))
+    if PRESETS[row["preset"]].model != "image_transformer":
+        return row
+    best = run_dir / "checkpoints" / "best.pt"
+    model, checkpoint = load_model(best)
+    images = labels = None
+    if not is_position_only(model):
+        images, labels = test_images(checkpoint["dataset"], AVERAGE_IMAGES, data_dir)
+    name = f"{checkpoint['preset']}, epoch {checkpoint['epoch']}"
+    plot = plot_model(
+        model, figures, name, images, labels, num_images=AVERAGE_IMAGES, run=run_folder(best)
+    )
+    row.update(layer_summaries(plot.maps))
+    torch.manual_seed(config["seed"])  # the initial weights of the run (train seeds the same way)
+    initial = create_model(checkpoint["preset"], **checkpoint["model_config"]).eval()
+    initial_maps = compute_attention(initial, tuple(initial.image_size), images)
+    row["grid_score_init"] = [score.score for score in layer_grid_scores(initial_maps)]
     return row
 
 
@@ -189,6 +212,7 @@ def format_results(rows: list[dict[str, Any]], machine: str) -> str:
         "images/s",
         "precision",
         "grid score per layer",
+        "grid score at initialisation",
         "taps covered per layer",
         "attention distance per layer (tokens)",
     ]
@@ -204,6 +228,7 @@ def format_results(rows: list[dict[str, Any]], machine: str) -> str:
             f"{row['images_per_s']:.0f}",
             str(row["precision"]),
             _per_layer(row["grid_score"], 2),
+            _per_layer(row["grid_score_init"], 2),
             _covered_taps(row),
             _per_layer(row["attention_distance"], 2),
         ]
