@@ -134,8 +134,12 @@ def test_convert_model_edge_cases():
     assert conversion_summary(convert_model(untouched)) == []
     with pytest.raises(TypeError, match=r"expected an nn\.Module, got Tensor"):
         convert_model(torch.zeros(2))
-    with pytest.raises(ValueError, match="padding_mode 'reflect'"):
-        convert_model(nn.Sequential(nn.Conv2d(2, 2, 3, padding=1, padding_mode="reflect")))
+    reflect = nn.Sequential(nn.Conv2d(2, 2, 3, padding=1, padding_mode="reflect")).double()
+    x = torch.randn(2, 2, 5, 6, dtype=torch.float64)
+    converted = convert_model(reflect)
+    assert isinstance(converted[0], AttentionConv)
+    with torch.no_grad():
+        assert rel(converted(x), reflect(x)) <= 1e-12
 
 
 # ---------------------------------------------------------------- command line

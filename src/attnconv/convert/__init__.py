@@ -2,8 +2,9 @@
 
 * :func:`conv_to_attention` turns an ``nn.Conv1d``/``nn.Conv2d`` into an :class:`AttentionConv`
   that computes the same function through ``MultiHeadSelfAttention2d``.
-* :func:`convert_model` does it for every convolution of a network; :func:`conversion_summary`
-  lists what was replaced.
+* :func:`convert_model` does it for every convolution of a network that Theorem 1 covers (rules
+  such as :func:`standardized_weight` reproduce convolution subclasses with their own forward);
+  :func:`conversion_summary` lists what was replaced, :func:`layers_left` what was left and why.
 * :func:`attention_to_conv` reads the effective convolution kernel out of a position-only layer;
   :func:`border_mass` says where the layer differs from it.
 """
@@ -15,20 +16,47 @@ from attnconv.convert.inverse import (
     head_mixing,
     offset_probabilities,
 )
-from attnconv.convert.model import Replacement, conversion_summary, convert_model, format_summary
-from attnconv.convert.theorem import SUPPORTED_PADDING_MODES, AttentionConv, conv_to_attention
+from attnconv.convert.model import (
+    PROBE_TOLERANCE,
+    ConversionError,
+    LeftLayer,
+    Replacement,
+    Rule,
+    conversion_summary,
+    convert_model,
+    dynamic_same_padding,
+    format_summary,
+    layers_left,
+    probe_error,
+    standardized_weight,
+)
+from attnconv.convert.theorem import (
+    SUPPORTED_PADDING_MODES,
+    AttentionConv,
+    Standardize,
+    conv_to_attention,
+)
 
 __all__ = [
+    "PROBE_TOLERANCE",
     "SUPPORTED_PADDING_MODES",
     "AttentionConv",
+    "ConversionError",
+    "LeftLayer",
     "Replacement",
+    "Rule",
+    "Standardize",
     "attention_to_conv",
     "border_mass",
     "conv_to_attention",
     "conversion_summary",
     "convert_model",
+    "dynamic_same_padding",
     "effective_bias",
     "format_summary",
     "head_mixing",
+    "layers_left",
     "offset_probabilities",
+    "probe_error",
+    "standardized_weight",
 ]
