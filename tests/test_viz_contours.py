@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 import torch
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 
 from attnconv import MultiHeadSelfAttention2d
 from attnconv.viz.contours import contour_figure, mass_region, mass_threshold, region_outline
@@ -135,3 +136,37 @@ def _rgb(hex_color: str) -> list[float]:
 def test_palette_has_nine_distinct_colours_then_cycles():
     assert len({palette_color(h) for h in range(9)}) == 9
     assert palette_color(9) == palette_color(0)
+
+
+def test_head_numbers_on_the_same_tap_do_not_overprint():
+    # heads 0, 2 and 11 attend to the same key (one tap), head 1 to another
+    layer = MultiHeadSelfAttention2d(4, 12, hard=True)
+    with torch.no_grad():
+        layer.centers.copy_(torch.tensor([[0.0, 3.0]] * 12))
+        layer.centers[[0, 2, 11]] = torch.tensor([1.0, 1.0])
+        layer.centers[1] = torch.tensor([-2.0, 0.0])
+    query = (4, 4)
+    fig = contour_figure(compute_attention(layer, (9, 9)), query=query)
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    ax = fig.axes[0]
+    labels = {text.get_gid(): text for text in ax.texts if text.get_gid()}
+    assert sorted(labels) == sorted(f"layer0-head{h}-label" for h in range(12))
+    assert all(labels[f"layer0-head{h}-label"].get_text() == str(h) for h in range(12))
+    boxes = {gid: text.get_bbox_patch().get_window_extent(renderer) for gid, text in labels.items()}
+    gids = sorted(boxes)
+    for i, a in enumerate(gids):
+        for b in gids[i + 1 :]:
+            assert not boxes[a].overlaps(boxes[b]), (a, b)
+    # the numbers of one tap sit in a row, centred on the tap's token, in head order
+    tap = ax.transData.transform((query[1] + 1, query[0] + 1))
+    row = [boxes[f"layer0-head{h}-label"] for h in (0, 2, 11)]
+    assert row[0].x1 <= row[1].x0 and row[1].x1 <= row[2].x0
+    assert abs((row[0].x0 + row[2].x1) / 2 - tap[0]) < 2
+    assert all(abs((box.y0 + box.y1) / 2 - tap[1]) < 2 for box in row)
+    # a head alone on its tap is labelled at it
+    alone = boxes["layer0-head1-label"]
+    centre = ax.transData.transform((query[1], query[0] - 2))
+    assert abs((alone.x0 + alone.x1) / 2 - centre[0]) < 2
+    assert abs((alone.y0 + alone.y1) / 2 - centre[1]) < 2

@@ -82,8 +82,8 @@ def contour_figure(
     """One panel per layer: every head's mass contours around ``query`` on the token grid.
 
     Head ``h`` is drawn in ``palette_color(h)`` with its number written at the centre of mass of its
-    attention; the i-th mass uses line style ``LINESTYLES[i]``; the query token is a black square.
-    Each outline is a ``LineCollection`` with gid ``"layer{l}-head{h}-mass{m}"``.
+    attention (``_label_heads``); the i-th mass uses line style ``LINESTYLES[i]``; the query token is
+    a black square. Each outline is a ``LineCollection`` with gid ``"layer{l}-head{h}-mass{m}"``.
     """
     query = default_query(maps.grid) if query is None else tuple(int(v) for v in query)
     query_index(query, maps.grid)
@@ -103,6 +103,7 @@ def contour_figure(
         ax.grid(which="minor", color="0.9", linewidth=0.5)
         ax.tick_params(which="minor", length=0)
         ax.add_patch(Rectangle((query[1] - 0.5, query[0] - 0.5), 1, 1, color=QUERY_COLOR, zorder=3))
+        centres = []  # (x, y) centre of mass of each head's attention
         for head in range(layer_maps.shape[0]):
             values = _as_array(layer_maps[head])
             color = palette_color(head)
@@ -117,23 +118,8 @@ def contour_figure(
                 lines.set_gid(f"layer{layer}-head{head}-mass{mass:g}")
                 ax.add_collection(lines)
             weight = values / values.sum()
-            ax.text(
-                (weight * cc).sum(),
-                (weight * rr).sum(),
-                str(head),
-                color=color,
-                fontsize=8,
-                fontweight="bold",
-                ha="center",
-                va="center",
-                zorder=5,
-                bbox={
-                    "boxstyle": "round,pad=0.1",
-                    "facecolor": "white",
-                    "alpha": 0.7,
-                    "linewidth": 0,
-                },
-            )
+            centres.append(((weight * cc).sum(), (weight * rr).sum()))
+        _label_heads(ax, layer, centres)
         ax.set_xlim(-0.5, w - 0.5)
         ax.set_ylim(h - 0.5, -0.5)
         ax.set_aspect("equal")
@@ -166,6 +152,47 @@ def contour_figure(
         fontsize=11,
     )
     return fig
+
+
+# Width of a head number in points: per digit (fontsize 8, bold), plus the gap between numbers.
+_DIGIT_PT = 5.5
+_GAP_PT = 3.0
+
+
+def _label_heads(ax, layer: int, centres: list[tuple[float, float]]) -> None:
+    """Write each head's number at the centre of mass ``(x, y)`` of its attention, as a text with gid
+    ``"layer{l}-head{h}-label"``. Heads whose centres fall on the same token (the same tap) would
+    print on top of each other: their numbers are set side by side, centred on their mean centre.
+    """
+    taps: dict[tuple[int, int], list[int]] = {}
+    for head, (x, y) in enumerate(centres):
+        taps.setdefault((int(np.floor(y + 0.5)), int(np.floor(x + 0.5))), []).append(head)
+    for heads in taps.values():
+        x = float(np.mean([centres[head][0] for head in heads]))
+        y = float(np.mean([centres[head][1] for head in heads]))
+        widths = [_DIGIT_PT * len(str(head)) + _GAP_PT for head in heads]
+        left = -sum(widths) / 2
+        for head, width in zip(heads, widths, strict=True):
+            text = ax.annotate(
+                str(head),
+                xy=(x, y),
+                xytext=(left + width / 2, 0),
+                textcoords="offset points",
+                color=palette_color(head),
+                fontsize=8,
+                fontweight="bold",
+                ha="center",
+                va="center",
+                zorder=5,
+                bbox={
+                    "boxstyle": "round,pad=0.1",
+                    "facecolor": "white",
+                    "alpha": 0.7,
+                    "linewidth": 0,
+                },
+            )
+            text.set_gid(f"layer{layer}-head{head}-label")
+            left += width
 
 
 def _as_array(values: Tensor | np.ndarray) -> np.ndarray:
