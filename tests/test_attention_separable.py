@@ -142,3 +142,32 @@ def test_layer_never_builds_a_tensor_of_heads_times_the_input():
     with _LargestOutput() as batched:  # all heads at once (the route below the threshold)
         layer(x).sum().backward()
     assert batched.largest >= pixels * heads * dim
+
+
+def test_the_per_head_route_is_for_cpus_only():
+    big = layer_module.FUSED_MIN_ELEMENTS
+    cpu, cuda = torch.device("cpu"), torch.device("cuda:0")
+    assert layer_module.use_fused_route(cpu, big, value_projection=False)
+    assert not layer_module.use_fused_route(cpu, big - 1, value_projection=False)
+    assert not layer_module.use_fused_route(cpu, big, value_projection=True)
+    assert not layer_module.use_fused_route(cuda, 100 * big, value_projection=False)
+
+
+def test_layer_takes_the_batched_route_where_the_device_check_says_so():
+    """With the device check answering as it does for CUDA, a big input takes the batched route
+    (the per-head function is never called) and gives the same output."""
+    layer = MultiHeadSelfAttention2d(8, 4, positional="gaussian")
+    x = torch.randn(8, 32, 32, 8)
+    assert x.numel() >= layer_module.FUSED_MIN_ELEMENTS
+    with mock.patch.object(
+        layer_module, "separable_attention_project", wraps=separable_attention_project
+    ) as per_head:
+        fused = layer(x)
+    per_head.assert_called_once()
+    with (
+        mock.patch.object(layer_module, "FUSED_DEVICE_TYPES", ("cuda",)),
+        mock.patch.object(layer_module, "separable_attention_project") as per_head,
+    ):
+        batched = layer(x)
+    per_head.assert_not_called()
+    torch.testing.assert_close(batched, fused, rtol=1e-5, atol=1e-5)

@@ -7,9 +7,9 @@ Execution paths, all exact (tested against ``impl="dense"``, the plain per-image
 
 * position-only, separable (isotropic ``gaussian``, ``learned``): ``P^h = R^h ⊗ C^h``; attend along
   rows with ``R^h (H×H)`` and along columns with ``C^h (W×W)``. ``O(N·(H+W))`` per head and image,
-  no ``N×N`` tensor. Without a value projection and above ``FUSED_MIN_ELEMENTS``, heads are
-  attended and projected one at a time, so no tensor of ``heads ×`` the input's size exists either
-  (``attention/separable.py``).
+  no ``N×N`` tensor. On a CPU, without a value projection and above ``FUSED_MIN_ELEMENTS``, heads
+  are attended and projected one at a time, so no tensor of ``heads ×`` the input's size exists
+  either (``attention/separable.py``); see ``use_fused_route``.
 * position-only, not separable (``gaussian_full``): ``P^h (N×N)`` is built once per forward and
   applied to the whole batch as one matrix product.
 * with content scores: per-image scores through ``scaled_dot_product_attention`` with the
@@ -47,6 +47,20 @@ paper) whose input holds at least this many numbers attend one head at a time, f
 output projection (``attention/separable.py``). Smaller inputs attend all heads at once: there the
 per-head loop's fixed cost per operation dominates. With a value projection the input is already
 ``heads`` values wide and the batched route measured as fast or faster."""
+FUSED_DEVICE_TYPES: tuple[str, ...] = ("cpu",)
+
+
+def use_fused_route(device: torch.device, numel: int, value_projection: bool) -> bool:
+    """Whether a separable layer attends one head at a time (``separable_attention_project``).
+
+    Only on a CPU (``FUSED_DEVICE_TYPES``), without a value projection, for an input of at least
+    ``FUSED_MIN_ELEMENTS`` numbers. The per-head loop was measured faster only on CPUs, where it
+    saves memory traffic; on a GPU its ``heads`` small launches per product would idle the device,
+    so CUDA takes the batched route (two batched products for all heads). That GPU choice is
+    unmeasured.
+    """
+    return (device.type in FUSED_DEVICE_TYPES and not value_projection
+            and numel >= FUSED_MIN_ELEMENTS)
 
 
 class MultiHeadSelfAttention2d(nn.Module):
@@ -345,7 +359,7 @@ class MultiHeadSelfAttention2d(nn.Module):
         if self._dropout_active:
             mask_row, mask_col = self._factored_dropout_masks(height, width, row)
             row, col = row * mask_row, col * mask_col
-        if self.value is None and x.numel() >= FUSED_MIN_ELEMENTS:
+        if use_fused_route(x.device, x.numel(), self.value is not None):
             y = separable_attention_project(x, row, col, self.out.weight, self.out.bias)
             return y, probs
         # All heads at once: two batched products, then the output projection.
