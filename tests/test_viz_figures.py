@@ -90,6 +90,22 @@ def test_plot_gaussian_run(tmp_path, capsys):
         "distance",
     ]
 
+    assert "not drawn" not in printed
+
+
+def test_plot_says_why_a_run_without_epoch_checkpoints_has_no_trajectories(tmp_path, capsys):
+    model, config = small_model("quadratic")
+    run = tmp_path / "run"
+    save_checkpoint(run / "checkpoints" / "last.pt", model, "quadratic", config, epoch=2)
+    out = tmp_path / "figures"
+    assert main(["plot", str(run), "--out", str(out)]) == 0
+    assert not (out / "trajectories.png").exists()
+    assert (out / "contours.png").is_file()
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        f"not drawn: trajectories: {run / 'checkpoints'} has no epoch_*.pt; "
+        "train with checkpoint_every=1 to keep the centres of every epoch"
+    )
+
 
 def test_plot_content_model_uses_test_images(tmp_path):
     model, config = small_model("learned-content")

@@ -62,4 +62,6 @@ def run(args: argparse.Namespace) -> int:
     print(f"wrote {len(result.files)} files to {args.out}:")
     for path in result.files:
         print(f"  {path}")
+    for reason in result.not_drawn:
+        print(f"not drawn: {reason}")
     return 0

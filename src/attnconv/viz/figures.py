@@ -87,13 +87,15 @@ def test_images(dataset: str, count: int, data_dir: str | None) -> tuple[Tensor,
 
 @dataclass
 class PlotResult:
-    """What ``plot_checkpoint`` wrote: the figure files, the head table rows and its text, and
-    the attention the distances were computed from (for content models, averaged over images)."""
+    """What ``plot_checkpoint`` wrote: the figure files, the head table rows and its text, the
+    attention the distances were computed from (for content models, averaged over images), and
+    why a figure the model could have was not drawn (one line each)."""
 
     files: list[Path]
     heads: list[dict[str, Any]]
     table: str
     maps: AttentionMaps
+    not_drawn: list[str]
 
 
 def plot_checkpoint(
@@ -186,11 +188,19 @@ def plot_model(
         out,
         "distance",
     )
-    if is_gaussian(model) and run is not None and list((run / "checkpoints").glob("epoch_*.pt")):
-        files += save_figure(trajectory_figure(load_center_trajectories(run)), out, "trajectories")
+    not_drawn = []
+    if is_gaussian(model) and run is not None:
+        if list((run / "checkpoints").glob("epoch_*.pt")):
+            trajectories = trajectory_figure(load_center_trajectories(run))
+            files += save_figure(trajectories, out, "trajectories")
+        else:
+            not_drawn.append(
+                f"trajectories: {run / 'checkpoints'} has no epoch_*.pt; train with "
+                "checkpoint_every=1 to keep the centres of every epoch"
+            )
     rows = add_distances(_head_rows(model), distances)
     files.append(_write_csv(rows, out / "heads.csv"))
-    return PlotResult(files, rows, format_head_table(rows), averaged)
+    return PlotResult(files, rows, format_head_table(rows), averaged, not_drawn)
 
 
 def plot_pretrained(
