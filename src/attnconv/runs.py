@@ -35,10 +35,11 @@ def checkpoint_dir(run_dir: str | Path) -> Path:
     return Path(run_dir) / "checkpoints"
 
 
-def _umask() -> int:
+def plain_file_mode() -> int:
+    """The permission bits ``open`` gives a new file: 0666 less the process umask."""
     mask = os.umask(0)
     os.umask(mask)
-    return mask
+    return 0o666 & ~mask
 
 
 def write_atomic(path: str | Path, data: bytes | memoryview) -> None:
@@ -52,7 +53,7 @@ def write_atomic(path: str | Path, data: bytes | memoryview) -> None:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TMP_SUFFIX, dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
-            os.fchmod(f.fileno(), 0o666 & ~_umask())
+            os.fchmod(f.fileno(), plain_file_mode())
             f.write(data)
             f.flush()
             os.fsync(f.fileno())

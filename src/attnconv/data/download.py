@@ -13,6 +13,8 @@ import tempfile
 import urllib.request
 from pathlib import Path
 
+from attnconv.runs import plain_file_mode
+
 _CHUNK = 1 << 20
 
 
@@ -40,6 +42,7 @@ def fetch(url: str, dest: Path, md5: str, *, manual_hint: str, timeout: float = 
     dest = Path(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".part")
+    os.fchmod(fd, plain_file_mode())  # mkstemp's 0600 would hide the dataset from other users
     tmp = Path(tmp_name)
     try:
         digest = hashlib.md5(usedforsecurity=False)

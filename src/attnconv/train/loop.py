@@ -181,7 +181,7 @@ class Trainer:
             )
         resumed = load_checkpoint(self.checkpoints / "last.pt") if resume else None
         if resumed is not None and resumed["preset"] != config.preset:
-            raise ValueError(
+            raise CheckpointError(
                 f"{self.checkpoints / 'last.pt'} is a checkpoint of preset "
                 f"{resumed['preset']!r}, but the run's config says {config.preset!r}"
             )

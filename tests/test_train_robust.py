@@ -1,0 +1,362 @@
+"""A run survives what a user or an attacker does to it, tried the way it was found: SIGKILL at
+each point of an epoch's saves, divergence on purpose, a read-only and a full disk (real tmpfs
+mounts; skipped where mounting is not allowed), two writers on one folder, and checkpoints whose
+fields do not fit."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+import traceback
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from attnconv import cli
+from attnconv.data import load_splits
+from attnconv.train.checkpoint import build_model, load_checkpoint, save_checkpoint
+
+TINY = ["model.hidden=16", "model.depth=1", "model.heads=2", "model.head_dim=8",
+        "model.mlp_dim=32", "batch_size=64"]
+QUIET = ["tensorboard=false", "progress=false", "device=cpu", "precision=fp32"]
+# 20 steps per epoch: last.pt is written at steps 7 and 14, at 20 (end of epoch 1, then best.pt),
+# at 21, 28 and 35, and at 40 (end of epoch 2, then best.pt if epoch 2 is the best): 7 times.
+RUN = ["--preset", "quick", "--epochs", "2", "checkpoint_steps=7", *TINY, *QUIET]
+
+
+def forked(argv: list[str], kill_name: str = "", kill_at: int = 0, kill_when: str = "") -> int:
+    """Run ``attnconv ARGV`` in a forked child (torch already imported: fast) and return its pid.
+
+    With ``kill_name``, the child SIGKILLs itself when the ``kill_at``-th rename onto a file of
+    that name is about to happen (``kill_when="before"``: the new file is complete under its
+    temporary name) or has just happened (``"after"``).
+    """
+    pid = os.fork()
+    if pid:
+        return pid
+    try:
+        real_replace, seen = os.replace, [0]
+
+        def replace(src, dst, *args, **kwargs):
+            hit = os.path.basename(dst) == kill_name
+            seen[0] += hit
+            if hit and seen[0] == kill_at and kill_when == "before":
+                os.kill(os.getpid(), signal.SIGKILL)
+            real_replace(src, dst, *args, **kwargs)
+            if hit and seen[0] == kill_at and kill_when == "after":
+                os.kill(os.getpid(), signal.SIGKILL)
+
+        os.replace = replace
+        code = cli.main(argv)
+    except BaseException:
+        traceback.print_exc()
+        code = 3
+    os._exit(code)
+
+
+def exit_status(pid: int) -> int:
+    """The child's exit code, or minus the signal that ended it."""
+    _, status = os.waitpid(pid, 0)
+    return -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+
+
+def one_line_error(err: str) -> str:
+    """The stderr of a command that must have failed with one line (no traceback)."""
+    assert "Traceback" not in err and err.count("\n") == 1, err
+    return err
+
+
+def temporaries(run_dir: Path) -> list[str]:
+    return sorted(p.name for p in run_dir.rglob(".*.tmp"))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> Path:
+    """The uninterrupted run every killed-and-resumed run must end identical to."""
+    run_dir = tmp_path_factory.mktemp("reference") / "run"
+    assert cli.main(["train", "--out", str(run_dir), *RUN]) == 0
+    return run_dir
+
+
+def killed_run(tmp_path: Path, name: str, count: int, when: str) -> Path:
+    run_dir = tmp_path / "run"
+    pid = forked(["train", "--out", str(run_dir), *RUN], name, count, when)
+    assert exit_status(pid) == -signal.SIGKILL
+    assert not (run_dir / "summary.json").exists()
+    return run_dir
+
+
+# ---------------------------------------------------------------------------- 1. kill windows
+
+KILL_POINTS = [
+    # (file, occurrence, before/after the rename): what the kill interrupts
+    ("last.pt", 2, "before"),  # a mid-epoch save: a complete temporary file is left behind
+    ("last.pt", 3, "before"),  # the end-of-epoch-1 save of last.pt
+    ("last.pt", 3, "after"),  # between last.pt and best.pt of epoch 1
+    ("best.pt", 1, "after"),  # between best.pt and metrics.jsonl of epoch 1
+    ("summary.json", 1, "before"),  # while writing summary.json
+]  # and between last.pt and best.pt of the final epoch: the next test
+
+
+@pytest.mark.parametrize(("name", "count", "when"), KILL_POINTS)
+def test_sigkill_at_each_save_point_then_resume_ends_like_the_uninterrupted_run(
+    reference: Path, tmp_path: Path, name: str, count: int, when: str
+) -> None:
+    run_dir = killed_run(tmp_path, name, count, when)
+    assert cli.main(["train", "--resume", str(run_dir)]) == 0
+    assert temporaries(run_dir) == []
+    for file in ("last.pt", "best.pt"):
+        ours = load_checkpoint(run_dir / "checkpoints" / file)
+        theirs = load_checkpoint(reference / "checkpoints" / file)
+        assert (ours["epoch"], ours["step"]) == (theirs["epoch"], theirs["step"]), file
+        for key, value in theirs["model"].items():
+            assert torch.equal(ours["model"][key], value), (file, key)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    expected = json.loads((reference / "summary.json").read_text())
+    for key in ("best_epoch", "best_val_acc", "test_acc", "test_loss"):
+        assert summary[key] == expected[key], key
+    assert (run_dir / "metrics.jsonl").read_text().count("\n") == 2
+
+
+def test_a_kill_between_last_and_best_of_the_final_epoch_is_repaired_on_resume(
+    reference: Path, tmp_path: Path, capsys
+) -> None:
+    """last.pt holds the final (best) epoch, best.pt still the previous one: resume rewrites it,
+    and summary.json tests the checkpoint of the epoch it names."""
+    records = [json.loads(line) for line in (reference / "metrics.jsonl").read_text().splitlines()]
+    assert records[1]["val_acc"] > records[0]["val_acc"], "the final epoch must be the best"
+    run_dir = killed_run(tmp_path, "last.pt", 7, "after")
+    best = run_dir / "checkpoints" / "best.pt"
+    assert load_checkpoint(best)["epoch"] == 1  # the kill left epoch 1's best.pt behind
+    capsys.readouterr()
+    assert cli.main(["train", "--resume", str(run_dir)]) == 0
+    summary = json.loads((run_dir / "summary.json").read_text())
+    expected = json.loads((reference / "summary.json").read_text())
+    assert summary["best_epoch"] == 2
+    assert (summary["test_acc"], summary["test_loss"]) == (expected["test_acc"],
+                                                           expected["test_loss"])
+    assert load_checkpoint(best)["epoch"] == 2
+    assert f"{best} was missing or older than last.pt" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------- 2. divergence
+
+
+def test_a_huge_learning_rate_never_saves_the_diverged_weights(tmp_path: Path, capsys) -> None:
+    run_dir = tmp_path / "run"
+    assert cli.main(["train", "--out", str(run_dir), "--preset", "quick", "--epochs", "2",
+                     "checkpoint_steps=1", "lr=1000", *TINY, *QUIET]) == 1
+    err = capsys.readouterr().err
+    last = run_dir / "checkpoints" / "last.pt"
+    checkpoint = load_checkpoint(last)
+    model = build_model(checkpoint).eval()
+    val = load_splits("digits", val_size=checkpoint["config"]["val_size"], seed=0).val
+    with torch.no_grad():
+        loss = F.cross_entropy(model(val.images.float() / 255), val.labels)
+    assert torch.isfinite(loss), "the kept checkpoint must not be diverged already"
+    step = checkpoint["step"]
+    assert (f"training diverged at epoch 1, step {step + 1}: the updated weights give a loss of "
+            f"nan on their last batch; stopping without saving it (the last good checkpoint is "
+            f"{last} (step {step}))") in err, err
+    assert not (run_dir / "summary.json").exists()
+
+
+# ---------------------------------------------------------------------------- 6. two writers
+
+
+def test_a_second_writer_is_refused_while_the_first_one_runs(tmp_path: Path, capsys) -> None:
+    run_dir = tmp_path / "run"
+    first = forked(["train", "--out", str(run_dir), "--preset", "quick", "--epochs", "4",
+                    "checkpoint_steps=5", "seed=0", *TINY, *QUIET])
+    try:
+        deadline = time.monotonic() + 300
+        while not (run_dir / "checkpoints" / "last.pt").exists() and time.monotonic() < deadline:
+            time.sleep(0.005)
+        capsys.readouterr()
+        second = cli.main(["train", "--out", str(run_dir), "--preset", "quick", "--epochs", "1",
+                           "seed=1", *TINY, *QUIET])
+        second_err = capsys.readouterr().err
+        resume = cli.main(["train", "--resume", str(run_dir)])
+        resume_err = capsys.readouterr().err
+        still_running = os.waitpid(first, os.WNOHANG) == (0, 0)
+    finally:
+        assert exit_status(first) == 0
+    assert still_running, "the first run ended before the others started: make it longer"
+    for code, err in ((second, second_err), (resume, resume_err)):
+        assert code == 2
+        assert f"run folder {run_dir} is in use by process {first} on " in one_line_error(err)
+    assert json.loads((run_dir / "config.json").read_text())["seed"] == 0
+    last = load_checkpoint(run_dir / "checkpoints" / "last.pt")
+    assert last["config"]["seed"] == 0 and last["epoch"] == 4
+    assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 4
+
+
+# ---------------------------------------------------------------------------- 3. bad fields
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory) -> Path:
+    run_dir = tmp_path_factory.mktemp("finished") / "run"
+    assert cli.main(["train", "--out", str(run_dir), "--preset", "quick", "--epochs", "1",
+                     *TINY, *QUIET]) == 0
+    return run_dir
+
+
+def altered(finished: Path, folder: Path, change) -> Path:
+    """A copy of the finished run whose checkpoints went through ``change``."""
+    shutil.copytree(finished, folder)
+    for path in (folder / "checkpoints").glob("*.pt"):
+        checkpoint = load_checkpoint(path)
+        change(checkpoint)
+        save_checkpoint(checkpoint, path)
+    return folder
+
+
+def wider(checkpoint: dict) -> None:
+    checkpoint["model_config"]["hidden"] = 32
+
+
+def not_a_dict(checkpoint: dict) -> None:
+    checkpoint["model_config"] = "hidden=16"
+
+
+def unknown_argument(checkpoint: dict) -> None:
+    checkpoint["model_config"]["colour"] = "red"
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    (wider, "its weights do not fit the model its config describes (size mismatch for "),
+    (not_a_dict, "has a malformed 'model_config' entry (a str, expected dict)"),
+    (unknown_argument, "its model_config does not build a 'quick' model ("),
+])
+def test_checkpoints_whose_fields_do_not_fit_are_one_line_in_every_command(
+    finished: Path, tmp_path: Path, capsys, change, message: str
+) -> None:
+    run_dir = altered(finished, tmp_path / "run", change)
+    best = str(run_dir / "checkpoints" / "best.pt")
+    commands = [
+        ["eval", best], ["heads", best], ["plot", best, "--out", str(tmp_path / "plots")],
+        ["explore", best, "--out", str(tmp_path / "site")],
+    ]
+    for argv in commands:
+        assert cli.main(argv) == 2, argv
+        err = one_line_error(capsys.readouterr().err)
+        assert best in err and message in err, (argv, err)
+    assert cli.main(["train", "--resume", str(run_dir)]) == 2
+    err = one_line_error(capsys.readouterr().err)
+    assert str(run_dir / "checkpoints" / "last.pt") in err and message in err, err
+
+
+# ---------------------------------------------------------------------------- 4, 5. disks
+
+
+@pytest.fixture
+def tmpfs(tmp_path: Path):
+    """Mount a tmpfs at a fresh folder: ``mount(options) -> Path``; unmounted afterwards."""
+    mounted = []
+
+    def mount(options: str) -> Path:
+        point = tmp_path / f"mnt{len(mounted)}"
+        point.mkdir()
+        result = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(point)],
+                                capture_output=True, text=True)
+        if result.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here ({result.stderr.strip()}): needs root or "
+                        f"CAP_SYS_ADMIN")
+        mounted.append(point)
+        return point
+
+    yield mount
+    for point in mounted:
+        subprocess.run(["umount", str(point)], check=True)
+
+
+def test_a_read_only_folder_is_one_line_naming_it(tmpfs, capsys) -> None:
+    run_dir = tmpfs("ro,size=1m") / "run"
+    assert cli.main(["train", "--out", str(run_dir), "--preset", "quick", "--epochs", "1",
+                     *TINY, *QUIET]) == 2
+    err = one_line_error(capsys.readouterr().err)
+    assert err == (f"attnconv train: error: cannot write run folder {run_dir}: read-only file "
+                   f"system (EROFS); make {run_dir} writable or give another folder\n")
+
+
+def test_a_full_disk_stops_with_one_line_and_keeps_the_previous_checkpoint(tmpfs, capsys) -> None:
+    disk = tmpfs("size=120k")
+    run_dir = disk / "run"
+    # A checkpoint of this model is 37 kB: last.pt, best.pt and a temporary file fit in 120 kB,
+    # epoch_0001.pt as well does not.
+    assert cli.main(["train", "--out", str(run_dir), "--preset", "quick", "--epochs", "2",
+                     "checkpoint_every=1", *TINY, *QUIET]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    last = run_dir / "checkpoints" / "last.pt"
+    kept = load_checkpoint(last)
+    assert kept["epoch"] == 1
+    assert err.splitlines()[-1] == (
+        f"attnconv train: error: cannot write {run_dir / 'checkpoints' / 'epoch_0001.pt'}: no "
+        f"space left on the device (ENOSPC); the last good checkpoint is {last} (step 20), "
+        f"intact. Free space, then continue with: attnconv train --resume {run_dir}")
+    assert temporaries(run_dir) == []
+
+    subprocess.run(["mount", "-o", "remount,size=4m", str(disk)], check=True)
+    assert cli.main(["train", "--resume", str(run_dir)]) == 0
+    assert load_checkpoint(run_dir / "checkpoints" / "epoch_0001.pt")["step"] == 20
+    assert load_checkpoint(last)["epoch"] == 2
+
+
+# ---------------------------------------------------------------------------- smaller items
+
+
+def test_checkpoints_get_the_mode_of_a_plain_open(finished: Path, tmp_path: Path) -> None:
+    mask = os.umask(0o022)
+    try:
+        save_checkpoint(load_checkpoint(finished / "checkpoints" / "last.pt"), tmp_path / "a.pt")
+    finally:
+        os.umask(mask)
+    assert (tmp_path / "a.pt").stat().st_mode & 0o777 == 0o644  # not mkstemp's 0600
+    assert (finished / "metrics.jsonl").stat().st_mode & 0o777 == 0o666 & ~mask
+
+
+def test_internal_bugs_keep_their_traceback_user_errors_do_not(finished: Path, monkeypatch,
+                                                               capsys) -> None:
+    from attnconv.train import checkpoint
+
+    def buggy(path, map_location="cpu"):  # a ValueError from inside torch: a bug, not the user's
+        return F.cross_entropy(torch.zeros(2, 3), torch.zeros(5, dtype=torch.long))
+
+    monkeypatch.setattr(checkpoint, "load_model", buggy)
+    with pytest.raises(ValueError, match="Expected input batch_size"):
+        cli.main(["eval", str(finished / "checkpoints" / "best.pt")])
+    monkeypatch.setattr(checkpoint, "load_model", lambda path, map_location: len(5))
+    with pytest.raises(TypeError):
+        cli.main(["eval", str(finished / "checkpoints" / "best.pt")])
+    monkeypatch.undo()
+    assert cli.main(["train", "--preset", "quick", "lr=-1"]) == 2
+    assert one_line_error(capsys.readouterr().err) == (
+        "attnconv train: error: lr must be > 0, got -1.0\n")
+
+
+def test_downloads_get_the_mode_of_a_plain_open(tmp_path: Path, http_root) -> None:
+    from attnconv.data.download import fetch
+
+    root, url = http_root
+    (root / "file.bin").write_bytes(b"attnconv")
+    mask = os.umask(0o022)
+    try:
+        path = fetch(url + "file.bin", tmp_path / "file.bin", "6a23cdc3ce5c1408ec6bcb3ff30a2e2a",
+                     manual_hint="")
+    finally:
+        os.umask(mask)
+    assert path.stat().st_mode & 0o777 == 0o644
