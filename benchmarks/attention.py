@@ -1,17 +1,29 @@
-"""Speed and memory of MultiHeadSelfAttention2d: fast paths next to the dense path, same run.
+"""Speed of MultiHeadSelfAttention2d against what a PyTorch user would write instead, and the floor.
 
-For every score type and image size it times forward+backward of the whole layer (projections
-included) with ``impl="auto"`` (the fast exact path) and ``impl="dense"`` (explicit per-image N×N
-reference, subnormal-safe), and at the paper's size also the naive dense baseline of
-``naive_attention.py`` (per-image float32 probabilities, no subnormal handling). Each measurement
-runs in a fresh subprocess so that its peak memory (CPU: peak resident set growth; CUDA: peak
-allocated) is its own.
+Part 1, ``peers`` (all in this process, float32, forward+backward unless said otherwise): the
+paper's layer (isotropic Gaussian positional attention, no value projection, 9 heads, dim 400)
+next to
 
-    python benchmarks/attention.py                 # everything (~10 min on 2 cores)
-    python benchmarks/attention.py --sizes paper   # only batch 100, 16×16, 9 heads, dim 400
+- the shared dense form: ``P = softmax(positional logits)`` ``(heads, N, N)`` once per forward and
+  one ``einsum`` applying it to the whole batch, then the output projection;
+- ``torch.compile(flex_attention)`` with the Gaussian as ``score_mod`` (zero queries and keys, the
+  input as one shared value head); forward only on a CPU, where FlexAttention has no backward;
+- the naive per-image form (``naive_attention.py``: ``(B, heads, N, N)`` probabilities);
+- the floor: the layer's output projection ``Linear(heads·dim → dim)`` alone on an input of the
+  same shape, the GEMMs every implementation shares.
 
-Targets (this project's 2-core machine): isotropic gaussian fast ≥ 2.5× dense at 32×32 and ≥ 6× at
-64×64 with ≥ 2.5× less peak memory at 64×64; at the paper size fast ≥ 5× the naive baseline.
+Targets: the layer ≥ 4× the best peer at 32×32 (batch 8), ≥ 15× at 64×64 (batch 2), ≥ 1.5× at the
+paper's size (batch 100, 16×16), and there within 1.3× of the floor. When ``--precision`` (default
+``auto``) resolves to bfloat16, the layer under bfloat16 autocast is timed too.
+
+Part 2, ``scores``: every score type at every size, ``impl="auto"`` (fast exact path) against
+``impl="dense"`` (explicit per-image N×N reference), forward+backward time and peak memory, each
+measurement in a fresh subprocess so that its peak memory (CPU: peak resident set growth; CUDA:
+peak allocated) is its own. Targets: isotropic Gaussian fast ≥ 2.5× dense at 32×32, ≥ 6× at
+64×64, with ≥ 2.5× less peak memory at 64×64.
+
+    python benchmarks/attention.py                            # both parts, every size
+    python benchmarks/attention.py --sections peers --sizes paper --batch 10   # a quick look
 """
 
 from __future__ import annotations
@@ -22,11 +34,16 @@ import resource
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from torch import Tensor
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 from attnconv import MultiHeadSelfAttention2d
+from attnconv.hardware import PRECISIONS, machine_description, resolve_precision
+from naive_attention import _positional_logits, naive_attention_forward, use_naive_attention
 
 SCORES = {
     "gaussian": {"positional": "gaussian"},
@@ -43,6 +60,138 @@ SIZES = {
     "32x32": (8, 32, 32, 9, 400),
     "64x64": (2, 64, 64, 9, 400),
 }
+PEER_TARGETS = {"32x32": 4.0, "64x64": 15.0, "paper": 1.5}  # layer speed-up over the best peer
+FLOOR_TARGET = 1.3  # at the paper's size: layer time ≤ 1.3 × its projection GEMMs alone
+
+
+# ---------------------------------------------------------------------------- part 1: peers
+
+
+def shared_dense_forward(layer: MultiHeadSelfAttention2d, x: Tensor) -> Tensor:
+    """``x (B, H, W, dim)`` → ``(B, H, W, dim)`` with one ``(heads, N, N)`` softmax for the batch."""
+    batch, height, width, dim = x.shape
+    probs = torch.softmax(_positional_logits(layer, height, width), dim=-1)  # (heads, N, N)
+    tokens = x.reshape(batch, height * width, dim)
+    attended = torch.einsum("hqk,bkd->bqhd", probs, tokens)  # (B, N, heads, dim)
+    return layer.out(attended.reshape(batch, height, width, layer.heads * dim))
+
+
+def flex_forward(layer: MultiHeadSelfAttention2d, width: int,
+                 compile: bool = True) -> Callable[[Tensor], Tensor]:
+    """FlexAttention computing ``layer``, the Gaussian logit as ``score_mod``; compiled unless
+    ``compile=False`` (eager: the unfused reference, for checking the function only)."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    centers, spread = layer.centers, layer.spread
+    compiled = torch.compile(flex_attention) if compile else flex_attention
+
+    def gaussian(score: Tensor, b: Tensor, h: Tensor, q: Tensor, k: Tensor) -> Tensor:
+        rows = k // width - q // width - centers[h, 0]  # key − query − Δ, in pixels
+        cols = k % width - q % width - centers[h, 1]
+        return score - 0.5 * spread[h].square() * (rows * rows + cols * cols)
+
+    def forward(x: Tensor) -> Tensor:
+        batch, height, _, dim = x.shape
+        n = height * width
+        value = x.reshape(batch, 1, n, dim)  # one value head, shared by the query heads
+        query = x.new_zeros(batch, layer.heads, n, 16)
+        key = x.new_zeros(batch, 1, n, 16)
+        y = compiled(query, key, value, score_mod=gaussian, enable_gqa=True)  # (B, heads, N, dim)
+        return layer.out(y.transpose(1, 2).reshape(batch, height, width, layer.heads * dim))
+
+    return forward
+
+
+def best_seconds(run: Callable[[], None], repeats: int, device: torch.device) -> float:
+    """The fastest of ``repeats`` timed calls of ``run`` after one untimed warm-up call."""
+    run()
+    best = float("inf")
+    for _ in range(repeats):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        started = time.perf_counter()
+        run()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        best = min(best, time.perf_counter() - started)
+    return best
+
+
+def time_forward(forward: Callable[[Tensor], Tensor], x: Tensor, grad: Tensor, backward: bool,
+                 repeats: int, autocast: bool = False) -> float:
+    """Seconds of ``forward(x)`` (and of the backward pass with output gradient ``grad``)."""
+    x = x.detach().requires_grad_(backward)
+
+    def run() -> None:
+        with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=autocast):
+            y = forward(x)
+        if backward:
+            y.backward(grad.to(y.dtype))
+            x.grad = None
+
+    if backward:
+        return best_seconds(run, repeats, x.device)
+    with torch.no_grad():
+        return best_seconds(run, repeats, x.device)
+
+
+def peers(size: str, batch: int, repeats: int, device: torch.device, bf16: bool) -> dict:
+    """Seconds of the layer, each peer and the floor at one size: ``{name: (fwd, fwd+bwd|None)}``."""
+    _, height, width, heads, dim = SIZES[size]
+    torch.manual_seed(0)
+    layer = MultiHeadSelfAttention2d(dim, heads, positional="gaussian", max_size=max(height, width))
+    layer = layer.to(device)
+    x = torch.randn(batch, height, width, dim, device=device)
+    grad = torch.randn(batch, height, width, dim, device=device)
+    candidates: dict[str, tuple[Callable[[Tensor], Tensor], bool]] = {
+        "layer": (layer, True),
+        "shared dense": (lambda t: shared_dense_forward(layer, t), True),
+        "flex (compiled)": (flex_forward(layer, width), device.type == "cuda"),
+        "naive per image": (lambda t: naive_attention_forward(layer, t), True),
+    }
+    floor_input = torch.randn(batch, height, width, heads * dim, device=device)
+    result = {}
+    for name, (forward, has_backward) in candidates.items():
+        forward_s = time_forward(forward, x, grad, False, repeats)
+        both_s = time_forward(forward, x, grad, True, repeats) if has_backward else None
+        result[name] = (forward_s, both_s)
+        layer.zero_grad(set_to_none=True)
+    result["floor: projection"] = (
+        time_forward(layer.out, floor_input, grad, False, repeats),
+        time_forward(layer.out, floor_input, grad, True, repeats),
+    )
+    if bf16:
+        result["layer, bf16 autocast"] = (
+            time_forward(layer, x, grad, False, repeats, autocast=True),
+            time_forward(layer, x, grad, True, repeats, autocast=True),
+        )
+    layer.zero_grad(set_to_none=True)
+    return result
+
+
+def report_peers(size: str, batch: int, times: dict) -> list[tuple[str, float, float, bool]]:
+    """Print one size's table; returns its target checks ``(name, value, target, higher_is_ok)``."""
+    layer_fwd, layer_both = times["layer"]
+    print(f"\n{size} (batch {batch}), seconds; ratio = that time / the layer's time")
+    print(f"{'':<24}{'fwd s':>9}{'ratio':>8}{'fwd+bwd s':>11}{'ratio':>8}")
+    for name, (fwd, both) in times.items():
+        both_cols = f"{both:>11.4f}{both / layer_both:>7.2f}x" if both is not None else (
+            f"{'(no CPU backward)':>19}")
+        print(f"{name:<24}{fwd:>9.4f}{fwd / layer_fwd:>7.2f}x{both_cols}")
+    checks = []
+    peer_times = [both for name, (_, both) in times.items()
+                  if name in ("shared dense", "flex (compiled)", "naive per image")
+                  and both is not None]
+    if size in PEER_TARGETS:
+        checks.append((f"{size}: best peer / layer, fwd+bwd", min(peer_times) / layer_both,
+                       PEER_TARGETS[size], True))
+    if size == "paper":
+        checks.append(("paper: layer / projection floor, fwd+bwd",
+                       layer_both / times["floor: projection"][1], FLOOR_TARGET, False))
+    return checks
+
+
+# ---------------------------------------------------------------------------- part 2: scores
 
 
 def _rss_bytes() -> int:
@@ -62,18 +211,13 @@ def measure(score: str, size: str, path: str, repeats: int, device: str) -> dict
             layer.spread.fill_(spread)
     layer = layer.to(device)
     if path == "naive":
-        sys.path.insert(0, str(Path(__file__).parent))
-        from naive_attention import use_naive_attention
-
         use_naive_attention(layer)
     else:
-        layer.impl = "auto" if path == "auto-bf16" else path
+        layer.impl = path
     x = torch.randn(batch, height, width, dim, device=device, requires_grad=True)
-    autocast = torch.autocast(device, dtype=torch.bfloat16, enabled=path == "auto-bf16")
 
     def step() -> None:
-        with autocast:
-            loss = layer(x).float().square().mean()
+        loss = layer(x).float().square().mean()
         loss.backward()
         layer.zero_grad(set_to_none=True)
         x.grad = None
@@ -89,110 +233,84 @@ def measure(score: str, size: str, path: str, repeats: int, device: str) -> dict
         if device == "cuda"
         else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - base
     )
-    times = []
-    for _ in range(repeats):
-        if device == "cuda":
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        step()
-        if device == "cuda":
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
-    return {"seconds": min(times), "peak_bytes": max(peak, 1)}
+    return {"seconds": best_seconds(step, repeats, torch.device(device)) if repeats else 0.0,
+            "peak_bytes": max(peak, 1)}
 
 
 def run_isolated(score: str, size: str, path: str, repeats: int, device: str) -> dict:
     out = subprocess.run(
-        [
-            sys.executable,
-            __file__,
-            "--one",
-            score,
-            size,
-            path,
-            "--repeats",
-            str(repeats),
-            "--device",
-            device,
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
+        [sys.executable, __file__, "--one", score, size, path, "--repeats", str(repeats),
+         "--device", device],
+        capture_output=True, text=True, check=True,
     )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def scores_part(args: argparse.Namespace) -> list[tuple[str, float, float, bool]]:
+    header = (f"{'score':<16}{'size':<7}{'fast s':>9}{'dense s':>9}{'speed-up':>9}"
+              f"{'fast MB':>9}{'dense MB':>10}{'mem ratio':>10}")
+    print("\n" + header + "\n" + "-" * len(header))
+    results = {}
+    for size in args.sizes:
+        for score in args.scores:
+            fast = run_isolated(score, size, "auto", args.repeats, args.device)
+            dense = run_isolated(score, size, "dense", args.repeats, args.device)
+            results[score, size] = (fast, dense)
+            print(f"{score:<16}{size:<7}{fast['seconds']:>9.3f}{dense['seconds']:>9.3f}"
+                  f"{dense['seconds'] / fast['seconds']:>8.1f}x"
+                  f"{fast['peak_bytes'] / 2**20:>9.0f}{dense['peak_bytes'] / 2**20:>10.0f}"
+                  f"{dense['peak_bytes'] / fast['peak_bytes']:>9.1f}x", flush=True)
+    checks = []
+    if ("gaussian", "32x32") in results:
+        fast, dense = results["gaussian", "32x32"]
+        checks.append(("32x32: dense / fast, fwd+bwd", dense["seconds"] / fast["seconds"], 2.5,
+                       True))
+    if ("gaussian", "64x64") in results:
+        fast, dense = results["gaussian", "64x64"]
+        checks.append(("64x64: dense / fast, fwd+bwd", dense["seconds"] / fast["seconds"], 6.0,
+                       True))
+        checks.append(("64x64: dense / fast, peak memory",
+                       dense["peak_bytes"] / fast["peak_bytes"], 2.5, True))
+    return checks
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sections", nargs="+", choices=("peers", "scores"),
+                        default=["peers", "scores"])
     parser.add_argument("--sizes", nargs="+", choices=list(SIZES), default=list(SIZES))
     parser.add_argument("--scores", nargs="+", choices=list(SCORES), default=list(SCORES))
+    parser.add_argument("--batch", type=int, help="peers: this batch at every size (default: "
+                        "each size's own; the targets are for those)")
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--precision", choices=PRECISIONS, default="auto",
+                        help="peers: also time the layer under bf16 autocast when this resolves "
+                        "to bf16 (auto: where the device computes in bfloat16 natively)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--one", nargs=3, metavar=("SCORE", "SIZE", "PATH"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
         print(json.dumps(measure(*args.one, args.repeats, args.device)))
         return
-
-    print(f"device={args.device} threads={torch.get_num_threads()} torch={torch.__version__}")
-    header = (
-        f"{'score':<16}{'size':<7}{'fast s':>9}{'dense s':>9}{'speed-up':>9}"
-        f"{'fast MB':>9}{'dense MB':>10}{'mem ratio':>10}{'naive s':>9}{'vs naive':>9}"
-    )
-    print(header)
-    print("-" * len(header))
-    results = {}
-    bf16_results = {}
-    for size in args.sizes:
-        for score in args.scores:
-            fast = run_isolated(score, size, "auto", args.repeats, args.device)
-            dense = run_isolated(score, size, "dense", args.repeats, args.device)
-            naive = (
-                run_isolated(score, size, "naive", args.repeats, args.device)
-                if size == "paper"
-                else None
-            )
-            results[score, size] = (fast, dense, naive)
-            if naive is not None and score.startswith("gaussian"):
-                bf16 = run_isolated(score, size, "auto-bf16", args.repeats, args.device)
-                bf16_results[score] = bf16
-            naive_cols = (
-                f"{naive['seconds']:>9.3f}{naive['seconds'] / fast['seconds']:>8.1f}x"
-                if naive
-                else f"{'':>9}{'':>9}"
-            )
-            print(
-                f"{score:<16}{size:<7}{fast['seconds']:>9.3f}{dense['seconds']:>9.3f}"
-                f"{dense['seconds'] / fast['seconds']:>8.1f}x"
-                f"{fast['peak_bytes'] / 2**20:>9.0f}{dense['peak_bytes'] / 2**20:>10.0f}"
-                f"{dense['peak_bytes'] / fast['peak_bytes']:>9.1f}x{naive_cols}",
-                flush=True,
-            )
-
-    for score, bf16 in bf16_results.items():
-        naive = results[score, "paper"][2]
-        print(
-            f"{score:<16}paper  fast path under bf16 autocast: {bf16['seconds']:.3f} s, "
-            f"{naive['seconds'] / bf16['seconds']:.1f}x the float32 naive baseline"
-        )
-    print("\nTargets (isotropic gaussian):")
+    if args.repeats < 1 or (args.batch is not None and args.batch < 1):
+        parser.error("--repeats and --batch must be >= 1")
+    device = torch.device(args.device)
+    print(machine_description(device))
     checks = []
-    if ("gaussian", "32x32") in results:
-        fast, dense, _ = results["gaussian", "32x32"]
-        checks.append(("32x32 speed-up vs dense >= 2.5x", dense["seconds"] / fast["seconds"], 2.5))
-    if ("gaussian", "64x64") in results:
-        fast, dense, _ = results["gaussian", "64x64"]
-        checks.append(("64x64 speed-up vs dense >= 6x", dense["seconds"] / fast["seconds"], 6.0))
-        checks.append(
-            ("64x64 peak memory ratio >= 2.5x", dense["peak_bytes"] / fast["peak_bytes"], 2.5)
-        )
-    if ("gaussian", "paper") in results:
-        fast, _, naive = results["gaussian", "paper"]
-        checks.append(
-            ("paper size speed-up vs naive >= 5x", naive["seconds"] / fast["seconds"], 5.0)
-        )
-    for name, value, target in checks:
-        print(f"  {name:<38} {value:6.1f}x  {'PASS' if value >= target else 'FAIL'}")
+    if "peers" in args.sections:
+        bf16 = resolve_precision(args.precision, device) == "bf16"
+        for size in args.sizes:
+            batch = args.batch or SIZES[size][0]
+            checks += report_peers(size, batch, peers(size, batch, args.repeats, device, bf16))
+    if "scores" in args.sections:
+        checks += scores_part(args)
+    note = f" (measured at batch {args.batch}; the targets are for the default batches)"
+    print("\nTargets" + (note if args.batch else "") + ":")
+    for name, value, target, higher in checks:
+        met = value >= target if higher else value <= target
+        sign = ">=" if higher else "<="
+        verdict = "met" if met else "NOT met"
+        print(f"  {name:<44} {value:6.2f}x  (target {sign} {target}x)  {verdict}")
 
 
 if __name__ == "__main__":
