@@ -1,12 +1,13 @@
 """End to end: the explorer in headless Chromium, opened from file://, clicked, read back.
 
 The page exposes what it draws as ``window.attnconv.maps[layer][head]``; the tests compare those
-arrays (and the canvas pixels) with the model's own attention probabilities for the clicked
-query tokens, and save screenshots to ``test-artifacts/``.
+arrays (and the canvas pixels, the hover readout, the header) with the model's own attention
+probabilities for the clicked query tokens, switch between the models of one site, and save
+screenshots to ``test-artifacts/``.
 """
 
 import base64
-import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +16,11 @@ import torch
 from matplotlib import colormaps
 from playwright.sync_api import sync_playwright
 
-from attnconv.viz.export import dequantize, write_site
+from attnconv.cli import main
+from attnconv.models.pretrained import load_pretrained, sample_images
+from attnconv.viz.export import decode_content, dequantize, read_data, write_site
+from attnconv.viz.maps import compute_attention
+from explorer_helpers import ACCURACY, shipped_folder
 from viz_helpers import small_model
 
 pytestmark = pytest.mark.needs_chromium
@@ -46,17 +51,21 @@ def open_site(browser, site: Path):
     errors = []
     page.on("pageerror", lambda err: errors.append(str(err)))
     page.goto((site / "index.html").as_uri())
-    page.wait_for_function("window.attnconv && window.attnconv.ready", timeout=20_000)
+    page.wait_for_function("window.attnconv && window.attnconv.ready", timeout=60_000)
     return page, errors
+
+
+def at_token(box, token, grid):
+    """The page coordinates of the centre of token ``(row, col)`` of an element's box."""
+    return (
+        box["x"] + (token[1] + 0.5) / grid[1] * box["width"],
+        box["y"] + (token[0] + 0.5) / grid[0] * box["height"],
+    )
 
 
 def click_token(page, token, grid):
     """Click the centre of token ``(row, col)`` on the query picker."""
-    box = page.locator("#picker").bounding_box()
-    page.mouse.click(
-        box["x"] + (token[1] + 0.5) / grid[1] * box["width"],
-        box["y"] + (token[0] + 0.5) / grid[0] * box["height"],
-    )
+    page.mouse.click(*at_token(page.locator("#picker").bounding_box(), token, grid))
     page.wait_for_function(
         f"window.attnconv.ready && window.attnconv.state.query.join() == '{token[0]},{token[1]}'"
     )
@@ -91,7 +100,9 @@ def test_position_only_explorer(browser, tmp_path, preset):
     # separable layers are exported exactly; generalized ones as uint16 codes of the row maximum
     tolerance = 1e-6 if preset != "quadratic-generalized" else 1.0 / 65535
     page, errors = open_site(browser, tmp_path)
-    assert page.locator("#images canvas").count() == 0  # position-only: no images needed
+    assert page.locator("#images button").count() == 0  # position-only: no images needed
+    assert page.locator("#switcher").is_hidden()  # one model: no switcher, but named
+    assert page.locator("#model-name").inner_text() == "model"
     shown = []
     for token in [(1, 4), (4, 1)]:
         click_token(page, token, grid)
@@ -115,9 +126,8 @@ def test_position_only_explorer(browser, tmp_path, preset):
 
 def page_logits(site: Path, image: int, layer: int, query: int, term: str) -> np.ndarray:
     """The logits the page should show, decoded in Python from the exported file."""
-    text = (site / "images" / f"image_{image:03d}.js").read_text()
-    entry = json.loads(text[text.index("] = {") + 4 : text.rindex(";")])["layers"][layer]
-    content = dequantize(entry["content"])[:, query]
+    entry = read_data(site / "models" / "0" / f"image_{image:03d}.js")["layers"][layer]
+    content = decode_content(entry["content"])[:, query]
     parts = dequantize(entry["position"])[:, query]
     split = entry["position"]["split"]
     position = (parts[:, :split, None] + parts[:, None, split:]).reshape(parts.shape[0], -1)
@@ -137,7 +147,7 @@ def test_content_explorer_images_and_score_switch(browser, tmp_path):
     with torch.no_grad():
         _, probs = model(images, return_attention=True)
     page, errors = open_site(browser, tmp_path)
-    assert page.locator("#images canvas").count() == 2
+    assert page.locator("#images button").count() == 2
 
     def check_total(image, token):
         index = token[0] * grid[1] + token[1]
@@ -159,7 +169,7 @@ def test_content_explorer_images_and_score_switch(browser, tmp_path):
     second = check_total(0, (6, 1))
     assert np.abs(first[0] - second[0]).max() > 0.05
 
-    page.locator("#images canvas").nth(1).click()
+    page.locator("#images button").nth(1).click()
     page.wait_for_function("window.attnconv.ready && window.attnconv.state.image == 1")
     other_image = check_total(1, (6, 1))
     assert np.abs(other_image[0] - second[0]).max() > 0.01  # content: the image matters
@@ -197,9 +207,165 @@ def test_exported_pixels_drawn_on_the_picker(browser, tmp_path):
     grey = np.array(data).reshape(8, 8, 4)[..., 0]
     np.testing.assert_array_equal(grey, (images[0, 0] * 255).round().numpy())
     pixels = base64.b64decode(
-        json.loads((tmp_path / "data.js").read_text().split("= ", 1)[1].rstrip(";\n"))["images"][0][
-            "pixels"
-        ]
+        read_data(tmp_path / "models" / "0" / "model.js")["images"][0]["pixels"]
     )
     assert list(pixels) == grey.flatten().tolist()
+    page.close()
+
+
+@pytest.fixture(scope="module")
+def shipped_site(tmp_path_factory):
+    """``attnconv explore --pretrained all`` of a folder of shipped models with random weights."""
+    weights = shipped_folder(tmp_path_factory.mktemp("weights"))
+    site = tmp_path_factory.mktemp("site")
+    argv = ["explore", "--pretrained", "all", "--weights-dir", str(weights), "--out", str(site)]
+    assert main([*argv, "--images", "2"]) == 0
+    return weights, site
+
+
+def map_box(page, layer, head):
+    return page.locator("#maps .map canvas").nth(layer * 9 + head).bounding_box()
+
+
+def hover_value(page, layer, head, key, kind):
+    """Hover key token ``key`` of map (layer, head); the readout's value after checking its text."""
+    page.mouse.move(*at_token(map_box(page, layer, head), key, (14, 14)))
+    return readout_value(page, layer, head, key, kind)
+
+
+def readout_value(page, layer, head, key, kind):
+    text = page.locator("#hover-readout").inner_text()
+    match = re.fullmatch(
+        rf"layer {layer}, head {head}, key \({key[0]}, {key[1]}\): {kind} (\S+)", text
+    )
+    assert match, text
+    return float(match.group(1))
+
+
+def switch_model(page, index, name):
+    page.locator("#model-select").select_option(str(index))
+    page.wait_for_function(f"window.attnconv.ready && window.attnconv.model == {index}")
+    assert page.locator("#model-name").inner_text() == name
+    assert name in page.title()
+    accuracy = f"test accuracy {100 * ACCURACY[name]:.1f}% on fashion-mnist"
+    assert page.locator("#accuracy").inner_text() == accuracy
+
+
+def test_shipped_models_on_one_page(browser, shipped_site):
+    weights, site = shipped_site
+    grid = (14, 14)
+    names = ["quadratic-fashion", "learned-fashion", "learned-content-fashion"]
+    page, errors = open_site(browser, site)
+    options = page.locator("#model-select option").all_inner_texts()
+    assert options == names and page.locator("label[for=model-select]").inner_text() == "model"
+    assert page.locator("#model-name").inner_text() == "quadratic-fashion"
+    assert page.locator("#accuracy").inner_text() == "test accuracy 81.4% on fashion-mnist"
+    assert "resnet-fashion (a ResNet: no attention layers)" in page.locator("#skipped").inner_text()
+    assert page.locator("#images button").count() == 2  # shown under the picker only
+
+    # position-only: the page's maps are the model's probabilities for a query on the last row
+    quadratic = load_pretrained("quadratic-fashion", weights)
+    probs = [
+        layer.attention_probs(*grid).detach().double().numpy()
+        for layer in quadratic.attention_layers()
+    ]
+    token = (13, 3)
+    click_token(page, token, grid)
+    maps = displayed(page)
+    for layer, p in enumerate(probs):
+        np.testing.assert_allclose(maps[layer], p[:, token[0] * 14 + token[1]], atol=1e-6)
+    for layer, head in [(0, 0), (3, 8), (2, 4)]:  # the outline covers the query token's square
+        canvas = map_box(page, layer, head)
+        outline = page.locator("#maps .map .marker").nth(layer * 9 + head).bounding_box()
+        assert canvas["y"] - 0.5 <= outline["y"]
+        assert outline["y"] + outline["height"] <= canvas["y"] + canvas["height"] + 0.5
+        assert outline["y"] == pytest.approx(canvas["y"] + 13 / 14 * canvas["height"], abs=1)
+        assert outline["x"] == pytest.approx(canvas["x"] + 3 / 14 * canvas["width"], abs=1)
+
+    # the hover readout follows the query (arrow key on the focused picker, mouse on the map)
+    key = (12, 4)
+    before = hover_value(page, 1, 2, key, "probability")
+    assert before == pytest.approx(maps[1][2][key[0] * 14 + key[1]], rel=1e-3)
+    page.keyboard.press("ArrowUp")
+    page.wait_for_function("window.attnconv.state.query.join() == '12,3'")
+    after = readout_value(page, 1, 2, key, "probability")
+    assert after == pytest.approx(probs[1][2, 12 * 14 + 3, key[0] * 14 + key[1]], rel=1e-3)
+    assert abs(after - before) > 1e-3 * before
+
+    # colour bar: per map from 0 to the map's maximum, or one scale for all maps
+    values = displayed(page)
+    assert page.locator("#colorbar-hi").inner_text() == "max"
+    np.testing.assert_array_equal(
+        canvas_rgb(page, 2, 5),
+        VIRIDIS[np.round(255 * values[2][5] / values[2][5].max()).astype(int)],
+    )
+    page.locator("input[name=scale][value=shared]").check()
+    top = max(v.max() for v in values)
+    np.testing.assert_array_equal(
+        canvas_rgb(page, 2, 5), VIRIDIS[np.round(255 * values[2][5] / top).astype(int)]
+    )
+    assert page.locator("#colorbar-hi").inner_text() == f"{top:.3f}"
+    page.locator("input[name=scale][value=map]").check()
+
+    # the content model: per image, from the model's own forward pass
+    switch_model(page, 2, "learned-content-fashion")
+    assert page.locator("#hover-readout").inner_text() == "Hover a map to read its values."
+    model = load_pretrained("learned-content-fashion", weights)
+    images, captions = sample_images("fashion-mnist", weights)
+    with torch.no_grad():
+        _, per_image = model(images, return_attention=True)
+    thumbs = page.locator("#images button")
+    assert thumbs.count() == 3
+    assert thumbs.nth(2).get_attribute("aria-label") == "average over 6 test images"
+
+    def check(token, expected):
+        index = token[0] * 14 + token[1]
+        for layer, values in enumerate(displayed(page)):
+            np.testing.assert_allclose(values, expected[layer][:, index], rtol=2e-3, atol=1e-6)
+
+    token = (13, 0)
+    click_token(page, token, grid)
+    check(token, [p[0].double().numpy() for p in per_image])
+    assert page.locator("#query-readout").inner_text().startswith(f"{captions[0]}: query token")
+    thumbs.nth(0).focus()  # the thumbnails are buttons: Tab reaches the next, Enter picks it
+    page.keyboard.press("Tab")
+    page.keyboard.press("Enter")
+    page.wait_for_function("window.attnconv.ready && window.attnconv.state.image == 1")
+    assert thumbs.nth(1).get_attribute("aria-pressed") == "true"
+    check(token, [p[1].double().numpy() for p in per_image])
+    thumbs.nth(2).click()
+    page.wait_for_function("window.attnconv.ready && window.attnconv.state.image == 2")
+    assert page.locator("#softmax").is_disabled()  # the average is of probabilities
+    average = compute_attention(model, (28, 28), images).probs
+    for layer, values in enumerate(displayed(page)):
+        np.testing.assert_allclose(values, average[layer][:, 13 * 14].double(), atol=1e-5)
+    page.screenshot(path=ARTIFACTS / "explorer_shipped_average.png", full_page=True)
+
+    # logits: the readout names them, and changes with the image without moving the mouse
+    thumbs.nth(0).click()
+    page.wait_for_function("window.attnconv.ready && window.attnconv.state.image == 0")
+    probability = hover_value(page, 3, 1, key, "probability")
+    assert probability == pytest.approx(per_image[3][0, 1, 13 * 14, key[0] * 14 + key[1]], rel=3e-3)
+    page.locator("#softmax").uncheck()
+    logits = displayed(page)
+    logit = readout_value(page, 3, 1, key, "logit")
+    assert logit == pytest.approx(logits[3][1][key[0] * 14 + key[1]], rel=1e-3)
+    page.locator("#images button").nth(1).press("Enter")
+    page.wait_for_function("window.attnconv.ready && window.attnconv.state.image == 1")
+    other = readout_value(page, 3, 1, key, "logit")
+    assert other == pytest.approx(displayed(page)[3][1][key[0] * 14 + key[1]], rel=1e-3)
+    assert other != logit
+    page.locator("#softmax").check()
+
+    # back to a position-only model: named, its own maps again
+    switch_model(page, 1, "learned-fashion")
+    learned = load_pretrained("learned-fashion", weights)
+    centre = 7 * 14 + 7
+    for layer, values in zip(learned.attention_layers(), displayed(page), strict=True):
+        np.testing.assert_allclose(
+            values, layer.attention_probs(*grid)[:, centre].detach().double(), atol=1e-6
+        )
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=ARTIFACTS / "explorer_shipped.png", full_page=True)
+    assert errors == []
     page.close()

@@ -1,28 +1,33 @@
-"""Explorer export: decoded data equals the model's attention; site size; serving on 127.0.0.1."""
+"""Explorer export: decoded data equals the model's attention; the multi-model site of the shipped
+models (``attnconv explore --pretrained``); site size; serving on 127.0.0.1."""
 
 import base64
-import json
 import re
 import subprocess
 import sys
 import threading
 import urllib.request
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from attnconv.models import create_model
+from attnconv.cli import main
+from attnconv.models import PRESETS, create_model
+from attnconv.models.pretrained import load_pretrained, sample_images
 from attnconv.viz.export import (
+    decode_content,
     dequantize,
     explorer_data,
     make_server,
     model_score_terms,
     quantize,
+    read_data,
     site_size,
     write_site,
 )
+from attnconv.viz.maps import compute_attention
+from explorer_helpers import ACCURACY, SAMPLES, shipped_folder
 from viz_helpers import save_checkpoint, small_model
 
 MB = 1_000_000
@@ -30,12 +35,6 @@ MB = 1_000_000
 
 def f32(text):
     return np.frombuffer(base64.b64decode(text), "<f4").astype(np.float64)
-
-
-def read_global(path: Path) -> dict:
-    """The JSON object a data file assigns to its global."""
-    text = path.read_text()
-    return json.loads(text[text.index("= ") + 2 : text.rindex(";")])
 
 
 def softmax(x):
@@ -79,11 +78,14 @@ def content_model(**overrides):
     return small_model("learned-content", **overrides)[0]
 
 
-def test_content_export_terms_sum_to_the_models_attention():
-    model = content_model()
+@pytest.mark.parametrize("head_dim", [8, 32])
+def test_content_export_terms_sum_to_the_models_attention(head_dim):
+    """Narrow heads store the content logits as float32 q/√d and k, wide ones quantised."""
+    model = content_model(head_dim=head_dim)
     images = torch.rand(2, 1, 8, 8, generator=torch.Generator().manual_seed(3))
     data, files = explorer_data(model, (8, 8), images, labels=["a", "b"])
     assert data["kind"] == "content" and len(files) == 2
+    assert [image["file"] for image in data["images"]] == ["image_000.js", "image_001.js"]
     assert data["terms"] == {"content": True, "position": True}
     with torch.no_grad():
         _, probs = model(images, return_attention=True)
@@ -91,15 +93,17 @@ def test_content_export_terms_sum_to_the_models_attention():
         pixels = np.frombuffer(base64.b64decode(data["images"][index]["pixels"]), "|u1")
         np.testing.assert_array_equal(pixels, (images[index, 0] * 255).round().flatten().numpy())
         for layer, entry in enumerate(payload["layers"]):
-            content = dequantize(entry["content"])  # (heads, N, N)
+            assert entry["content"]["type"] == ("factors" if head_dim == 8 else "quantized")
+            content = decode_content(entry["content"])  # (heads, N, N)
             parts = dequantize(entry["position"])  # (heads, N, h + w)
             assert entry["position"]["split"] == 8
             position = (parts[..., :8, None] + parts[..., None, 8:]).reshape(3, 64, 64)
-            # logit error per query row: ≤ step/2 of the content codes + 2 × step/2 of the parts;
-            # a softmax changes by a factor within exp(±2·error)
-            error = (f32(entry["content"]["step"]) / 2 + f32(entry["position"]["step"])).reshape(
-                3, 64, 1
+            # logit error per query row: ≤ step/2 of the content codes (float32 rounding for
+            # factors) + 2 × step/2 of the parts; a softmax changes by a factor within exp(±2·error)
+            content_error = (
+                f32(entry["content"]["step"]) / 2 if head_dim == 32 else 1e-5 * np.ones(3 * 64)
             )
+            error = (content_error + f32(entry["position"]["step"])).reshape(3, 64, 1)
             expected = probs[layer][index].double().numpy()
             difference = np.abs(softmax(content + position) - expected)
             assert np.all(difference <= expected * (np.exp(2 * error) - 1) * 1.01 + 1e-6)
@@ -144,13 +148,40 @@ def test_content_export_needs_images():
         explorer_data(content_model(), (8, 8), torch.rand(1, 1, 8, 8), labels=["a", "b"])
 
 
+def test_average_entry_is_the_mean_of_the_probabilities():
+    model = content_model()
+    images = torch.rand(5, 1, 8, 8, generator=torch.Generator().manual_seed(8))
+    data, files = explorer_data(model, (8, 8), images[:2], average_images=images)
+    assert [image["label"] for image in data["images"]] == [
+        "image 0",
+        "image 1",
+        "average over 5 test images",
+    ]
+    assert data["images"][2]["file"] == "average.js" and data["images"][2]["average"] == 5
+    mean_pixels = np.frombuffer(base64.b64decode(data["images"][2]["pixels"]), "|u1")
+    np.testing.assert_array_equal(mean_pixels, (images.mean(0)[0] * 255).round().flatten())
+    with torch.no_grad():
+        _, probs = model(images, return_attention=True)
+    for layer, payload in enumerate(files[2]["average"]):
+        expected = probs[layer].double().mean(0).numpy()
+        np.testing.assert_allclose(dequantize(payload), expected, atol=expected.max() / 65535)
+        assert np.abs(expected - probs[layer][0].double().numpy()).max() > 0.01
+
+
+def test_position_only_model_shows_images_without_files():
+    images = torch.rand(2, 1, 8, 8)
+    data, files = explorer_data(small_model("quadratic")[0], (8, 8), images, labels=["a", "b"])
+    assert files == [] and [image["label"] for image in data["images"]] == ["a", "b"]
+    assert all("file" not in image for image in data["images"])
+
+
 def test_full_size_quadratic_site_is_under_20_mb(tmp_path):
     model = create_model("quadratic")
     files = write_site(model, tmp_path / "site", (32, 32))
     size = site_size(tmp_path / "site")
     assert size == sum(path.stat().st_size for path in files)
     assert size < 20 * MB
-    data = read_global(tmp_path / "site" / "data.js")
+    data = read_data(tmp_path / "site" / "models" / "0" / "model.js")
     assert data["grid"] == [16, 16] and data["heads"] == [9] * 6
     # every layer is exported as exact row and column factors: 6 × 9 × (16² + 16²) float32
     assert all(layer["type"] == "product" for layer in data["layers"])
@@ -171,14 +202,15 @@ def test_full_size_generalized_site_is_under_20_mb(tmp_path):
 
 def test_site_files_are_self_contained(tmp_path):
     model = content_model()
-    write_site(model, tmp_path, (8, 8), torch.rand(2, 1, 8, 8), title="T", meta={"preset": "x"})
+    write_site(model, tmp_path, (8, 8), torch.rand(2, 1, 8, 8), name="x", meta={"epoch": 1})
     names = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file())
     assert names == [
         "app.js",
         "data.js",
-        "images/image_000.js",
-        "images/image_001.js",
         "index.html",
+        "models/0/image_000.js",
+        "models/0/image_001.js",
+        "models/0/model.js",
         "style.css",
     ]
     html = (tmp_path / "index.html").read_text()
@@ -186,8 +218,13 @@ def test_site_files_are_self_contained(tmp_path):
     for path in tmp_path.rglob("*"):
         if path.is_file():
             assert "http://" not in path.read_text() and "https://" not in path.read_text()
-    image = (tmp_path / "images" / "image_001.js").read_text()
-    assert image.startswith("(window.ATTNCONV_IMAGES = window.ATTNCONV_IMAGES || {})[1] = ")
+    image = (tmp_path / "models" / "0" / "image_001.js").read_text()
+    assert image.startswith('window.ATTNCONV_FILES["models/0/image_001.js"] = {"layers":')
+    manifest = read_data(tmp_path / "data.js")
+    assert manifest["title"] == "attnconv explorer: x" and manifest["skipped"] == []
+    assert [(m["name"], m["kind"], m["file"]) for m in manifest["models"]] == [
+        ("x", "content", "models/0/model.js")
+    ]
 
 
 def test_server_serves_the_site_on_localhost(tmp_path):
@@ -205,7 +242,7 @@ def test_server_serves_the_site_on_localhost(tmp_path):
         server.shutdown()
         server.server_close()
     with pytest.raises(FileNotFoundError, match="not an explorer site"):
-        make_server(tmp_path / "images")
+        make_server(tmp_path / "models")
 
 
 def test_explore_cli_writes_and_serves(tmp_path):
@@ -242,11 +279,70 @@ def test_explore_cli_writes_and_serves(tmp_path):
         process.terminate()
         process.wait(timeout=30)
     assert served == (site / "data.js").read_bytes()
-    data = read_global(site / "data.js")
-    assert data["meta"] == {
-        "preset": "quadratic",
-        "dataset": "digits",
+    (model,) = read_data(site / "data.js")["models"]
+    assert model["name"] == "quadratic" and model["dataset"] == "digits"
+    assert model["description"] == PRESETS["quadratic"].description
+    assert model["test_accuracy"] is None
+    assert read_data(site / "models" / "0" / "model.js")["meta"] == {
         "epoch": 7,
         "checkpoint": "m.pt",
     }
     assert "MB" in lines[0]
+
+
+@pytest.fixture(scope="module")
+def shipped(tmp_path_factory):
+    return shipped_folder(tmp_path_factory.mktemp("weights"))
+
+
+def test_explore_pretrained_all_is_one_site_of_every_model_with_attention(
+    shipped, tmp_path, capsys
+):
+    site = tmp_path / "site"
+    argv = ["explore", "--pretrained", "all", "--weights-dir", str(shipped), "--out", str(site)]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "left out resnet-fashion: a ResNet: no attention layers" in out
+    manifest = read_data(site / "data.js")
+    assert manifest["skipped"] == [
+        {"name": "resnet-fashion", "reason": "a ResNet: no attention layers"}
+    ]
+    models = manifest["models"]
+    assert [(m["name"], m["kind"], m["test_accuracy"]) for m in models] == [
+        ("quadratic-fashion", "position", ACCURACY["quadratic-fashion"]),
+        ("learned-fashion", "position", ACCURACY["learned-fashion"]),
+        ("learned-content-fashion", "content", ACCURACY["learned-content-fashion"]),
+    ]
+    assert all(m["grid"] == [14, 14] and m["heads"] == [9] * 4 for m in models)
+    assert models[2]["description"] == PRESETS["learned-content-fashion"].description
+    images, captions = sample_images("fashion-mnist", shipped)
+    content = read_data(site / models[2]["file"])
+    assert [image["label"] for image in content["images"]] == [
+        *captions[:4],
+        f"average over {SAMPLES} test images",
+    ]
+    model = load_pretrained("learned-content-fashion", shipped)
+    average = read_data(site / content["images"][4]["file"])["average"]
+    expected = compute_attention(model, (28, 28), images).probs
+    for payload, probs in zip(average, expected, strict=True):
+        np.testing.assert_allclose(dequantize(payload), probs.double(), atol=1e-5)
+    position = read_data(site / models[0]["file"])
+    assert len(position["images"]) == 4 and all("file" not in i for i in position["images"])
+    # the three Fashion-MNIST models with 4 images each and the average: about 11 MB
+    assert 8 * MB < site_size(site) < 14 * MB
+    assert "MB" in out
+
+
+def test_explore_pretrained_one_model_and_errors(shipped, tmp_path, capsys):
+    site = tmp_path / "one"
+    argv = ["explore", "--weights-dir", str(shipped), "--out", str(site)]
+    assert main([*argv, "--pretrained", "quadratic-fashion"]) == 0
+    manifest = read_data(site / "data.js")
+    assert [m["name"] for m in manifest["models"]] == ["quadratic-fashion"]
+    capsys.readouterr()
+    assert main([*argv, "--pretrained", "resnet-fashion"]) == 2
+    assert "no attention layers; nothing to explore" in capsys.readouterr().err
+    assert main([*argv, "--pretrained", "nonesuch"]) == 2
+    assert "no pretrained weights for 'nonesuch'" in capsys.readouterr().err
+    assert main(argv) == 2
+    assert "give a checkpoint or --pretrained" in capsys.readouterr().err

@@ -54,7 +54,7 @@ def save_checkpoint(
             "model": model.state_dict(),
             "optimizer": {},
             "scheduler": {},
-            "rng": {},
+            "rng": [],
             "epoch": epoch,
             "step": 10 * epoch,
             "config": {},

@@ -1,4 +1,5 @@
-"""``attnconv explore CHECKPOINT --out SITE_DIR``: the interactive attention explorer, a static site."""
+"""``attnconv explore (CHECKPOINT | --pretrained NAME|all) --out SITE_DIR``: the interactive attention
+explorer, a static site (one page, a model switcher when it holds several models)."""
 
 from __future__ import annotations
 
@@ -6,16 +7,28 @@ import argparse
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("checkpoint", help="a checkpoint file, or a run folder (its last.pt)")
+    parser.add_argument(
+        "checkpoint", nargs="?", help="a checkpoint file, or a run folder (its last.pt)"
+    )
+    parser.add_argument(
+        "--pretrained",
+        metavar="NAME",
+        help="instead of a checkpoint, a model shipped with attnconv, or 'all' for every shipped "
+        "model with attention on one page (offline: the shipped test images are used)",
+    )
     parser.add_argument("--out", required=True, help="folder for the site (open its index.html)")
     parser.add_argument(
         "--images",
         type=int,
         default=4,
-        help="models with content scores: how many test images to include "
-        "(default: 4; position-only models need none)",
+        help="how many test images to include (default: 4); content models also show the "
+        "attention averaged over all shipped test images (--pretrained) or over these",
     )
-    parser.add_argument("--data-dir", help="dataset folder (default: attnconv's data folder)")
+    parser.add_argument("--data-dir", help="dataset folder for a checkpoint's test images")
+    parser.add_argument(
+        "--weights-dir",
+        help="advanced: folder of shipped weights and test images (default: the package's)",
+    )
     parser.add_argument(
         "--serve",
         action="store_true",
@@ -29,9 +42,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def run(args: argparse.Namespace) -> int:
+def checkpoint_entries(args: argparse.Namespace) -> tuple[list, dict[str, str]]:
+    """The one model of a checkpoint, as a ``SiteModel``."""
+    from attnconv.models import PRESETS
     from attnconv.train.checkpoint import load_model
-    from attnconv.viz.export import make_server, site_size, write_site
+    from attnconv.viz.export import SiteModel
     from attnconv.viz.figures import checkpoint_path, test_images
     from attnconv.viz.maps import is_position_only
 
@@ -42,21 +57,83 @@ def run(args: argparse.Namespace) -> int:
     images = labels = None
     if not is_position_only(model):
         images, labels = test_images(checkpoint["dataset"], args.images, args.data_dir)
-    meta = {
-        "preset": checkpoint["preset"],
-        "dataset": checkpoint["dataset"],
-        "epoch": checkpoint["epoch"],
-        "checkpoint": path.name,
-    }
-    write_site(
-        model,
-        args.out,
-        tuple(model.image_size),
-        images,
-        labels,
-        title=f"attnconv explorer: {checkpoint['preset']}",
-        meta=meta,
+    preset = checkpoint["preset"]
+    entry = SiteModel(
+        name=preset,
+        model=model,
+        image_size=tuple(model.image_size),
+        description=PRESETS[preset].description if preset in PRESETS else "",
+        dataset=checkpoint["dataset"],
+        meta={"epoch": checkpoint["epoch"], "checkpoint": path.name},
+        images=images,
+        labels=labels,
+        average_images=images,
     )
+    return [entry], {}
+
+
+def pretrained_entries(args: argparse.Namespace) -> tuple[list, dict[str, str]]:
+    """The shipped models named by ``--pretrained`` that have attention, and the others with the
+    reason they are left out."""
+    from attnconv.models.pretrained import (
+        WEIGHTS_DIR,
+        load_pretrained,
+        pretrained_info,
+        pretrained_models,
+        sample_images,
+    )
+    from attnconv.viz.export import SiteModel
+
+    folder = args.weights_dir or WEIGHTS_DIR
+    if args.pretrained == "all":
+        infos = list(pretrained_models(folder).values())
+        if not infos:
+            raise ValueError(f"no pretrained models are shipped in {folder}")
+    else:
+        infos = [pretrained_info(args.pretrained, folder)]
+    entries, skipped, samples = [], {}, {}
+    for info in infos:
+        model = load_pretrained(info.name, folder)
+        if not hasattr(model, "attention_layers"):
+            skipped[info.name] = f"a {type(model).__name__}: no attention layers"
+            continue
+        if info.dataset not in samples:
+            samples[info.dataset] = sample_images(info.dataset, folder)
+        images, labels = samples[info.dataset]
+        entries.append(
+            SiteModel(
+                name=info.name,
+                model=model,
+                image_size=tuple(model.image_size),
+                description=info.description,
+                dataset=info.dataset,
+                test_accuracy=info.test_accuracy,
+                images=images[: args.images],
+                labels=labels[: args.images],
+                average_images=images,
+            )
+        )
+    if not entries:
+        raise ValueError(f"{', '.join(skipped)}: {'; '.join(skipped.values())}; nothing to explore")
+    return entries, skipped
+
+
+def run(args: argparse.Namespace) -> int:
+    from attnconv.viz.export import make_server, site_size, write_explorer
+
+    if (args.checkpoint is None) == (args.pretrained is None):
+        raise ValueError("give a checkpoint or --pretrained NAME (or all), not both or neither")
+    if args.images < 1:
+        raise ValueError(f"--images must be at least 1, got {args.images}")
+    if args.pretrained is not None:
+        entries, skipped = pretrained_entries(args)
+        title = "attnconv explorer: shipped models"
+    else:
+        entries, skipped = checkpoint_entries(args)
+        title = f"attnconv explorer: {entries[0].name}"
+    write_explorer(entries, args.out, title=title, skipped=skipped)
+    for name, reason in skipped.items():
+        print(f"left out {name}: {reason}")
     print(f"wrote {args.out}/index.html ({site_size(args.out) / 1e6:.2f} MB); open it in a browser")
     if args.serve:
         server = make_server(args.out, args.port)

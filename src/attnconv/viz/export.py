@@ -1,23 +1,33 @@
-"""The explorer: a self-contained static site to click through a model's attention in a browser.
+"""The explorer: a self-contained static site to click through models' attention in a browser.
 
-``write_site(model, out_dir, image_size, images)`` writes ``index.html``, ``app.js``, ``style.css``
-(package data, ``attnconv/viz/explorer/``) and the data they show as JavaScript files that assign
-globals, because browsers refuse ``fetch`` of local files under ``file://`` but run ``<script>``s:
+``write_explorer(models, out_dir)`` writes one page for one or more models (``SiteModel``): a model
+switcher, each model's name, description and test accuracy, a few test images and, for models
+with content scores, the attention averaged over more test images. ``write_site`` is the one-model
+case. The site is ``index.html``, ``app.js``, ``style.css`` (package data,
+``attnconv/viz/explorer/``) and the data as JavaScript files, because browsers refuse ``fetch`` of
+local files under ``file://`` but run ``<script>``s:
 
-* ``data.js``: ``window.ATTNCONV_DATA``, the model description, the colour map and, for a
-  position-only model, every layer's probabilities (the same for every image, so no image is
-  needed). Separable layers (isotropic Gaussian, learned) store their exact row and column factors
+* ``data.js``: ``window.ATTNCONV_SITE``, the manifest: the colour map, every model's name,
+  description, dataset, test accuracy, grid, heads per layer and its ``model.js``, and the models
+  left out (``skipped``: name and reason).
+* ``models/I/model.js``, loaded when model ``I`` is first shown: its description, test images
+  (pixels) and, for a position-only model, every layer's probabilities (the same for every image).
+  Separable layers (isotropic Gaussian, learned) store their exact row and column factors
   ``R (heads, h, h)`` and ``C (heads, w, w)``, with ``P[q, k] = R[q₁, k₁] · C[q₂, k₂]``; other
   layers store ``P (heads, N, N)`` quantised.
-* ``images/image_NNN.js`` (models with content scores): per test image and layer, the content
-  logits ``qᵀk/√d`` ``(heads, N, N)`` and the positional logits (all terms with ``r_δ``: ``wᵀr_δ``,
-  ``qᵀr_δ/√d``, or the Gaussian score) as row and column parts ``(heads, N, h + w)`` whose sum over
-  a key's row and column is the logit. The page adds them for the total score and applies the
-  softmax itself; a file is loaded when its image is picked.
+* ``models/I/image_NNN.js`` (models with content scores), loaded when the image is picked: per
+  layer the content logits ``qᵀk/√d``, as the float32 factors ``q/√d`` and ``k`` ``(heads, N, d)``
+  when that is smaller than ``(heads, N, N)`` quantised, and the positional logits (all terms with
+  ``r_δ``: ``wᵀr_δ``, ``qᵀr_δ/√d``, or the Gaussian score) as row and column parts
+  ``(heads, N, h + w)`` whose sum over a key's row and column is the logit. The page adds them for
+  the total score and applies the softmax itself.
+* ``models/I/average.js`` (models with content scores): the probabilities averaged over the
+  ``average_images`` ``(heads, N, N)`` quantised, per layer.
 
-Arrays are base64 of little-endian bytes. "Quantised" arrays are ``uint16`` codes with a ``float32``
-offset and step per last-axis row: ``value = lo + code · step`` (error ≤ step / 2, the row's range
-/ 131070).
+Every data file assigns its object to ``window.ATTNCONV_FILES[PATH]``, its path from the site
+root. Arrays are base64 of little-endian bytes. "Quantised" arrays are ``uint16`` codes with a
+``float32`` offset and step per last-axis row: ``value = lo + code · step`` (error ≤ step / 2, the
+row's range / 131070).
 """
 
 from __future__ import annotations
@@ -29,7 +39,7 @@ import json
 import math
 import shutil
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -39,7 +49,7 @@ import torch
 from torch import Tensor, nn
 
 from attnconv.attention import MultiHeadSelfAttention2d, scores
-from attnconv.viz.maps import attention_layers, token_grid
+from attnconv.viz.maps import attention_layers, compute_attention, token_grid
 
 FORMAT = "attnconv-explorer"
 VERSION = 1
@@ -114,13 +124,16 @@ class ScoreTerms:
     ``(B, heads, N, h)`` / ``(B, heads, N, w)``, the positional logit of query ``q`` and key
     ``(k₁, k₂)`` being ``position_row[..., q, k₁] + position_col[..., q, k₂]``; or
     ``position_dense`` ``(heads, N, N)`` (generalized Gaussian, the same for every image); all None
-    when the layer has no positional score.
+    when the layer has no positional score. ``query`` / ``key``: ``(B, heads, N, d)`` ``q/√d`` and
+    ``k``, whose products are ``content`` (None with it).
     """
 
     content: Tensor | None
     position_row: Tensor | None = None
     position_col: Tensor | None = None
     position_dense: Tensor | None = None
+    query: Tensor | None = None
+    key: Tensor | None = None
 
     def total(self) -> Tensor:
         """All logits ``(B, heads, N, N)``; their softmax is the layer's attention."""
@@ -148,15 +161,19 @@ def score_terms(layer: MultiHeadSelfAttention2d, x: Tensor) -> ScoreTerms:
     q = None
     if layer.query is not None:
         q = layer.query(x).view(batch, n, layer.heads, d).transpose(1, 2)
-    content = None
+    content = scaled_query = k = None
     if layer.key is not None:
         k = layer.key(x).view(batch, n, layer.heads, d).transpose(1, 2)
-        content = (q @ k.transpose(-1, -2)) / math.sqrt(d)
+        scaled_query = q / math.sqrt(d)
+        content = scaled_query @ k.transpose(-1, -2)
+    vectors = {"query": scaled_query, "key": k}
     if layer.positional is None:
-        return ScoreTerms(content)
+        return ScoreTerms(content, **vectors)
     if layer.positional == "gaussian_full":
         return ScoreTerms(
-            content, position_dense=scores.gaussian_full_logits(layer.centers, layer.spread, h, w)
+            content,
+            position_dense=scores.gaussian_full_logits(layer.centers, layer.spread, h, w),
+            **vectors,
         )
     if layer.positional == "gaussian":
         row, col = scores.gaussian_factors(layer.centers, layer.spread, h, w)
@@ -175,7 +192,7 @@ def score_terms(layer: MultiHeadSelfAttention2d, x: Tensor) -> ScoreTerms:
         expand = (batch, layer.heads, -1, -1)
         position_row = position_row + by_row.gather(-1, row_index.expand(*expand)) / math.sqrt(d)
         position_col = position_col + by_col.gather(-1, col_index.expand(*expand)) / math.sqrt(d)
-    return ScoreTerms(content, position_row, position_col)
+    return ScoreTerms(content, position_row, position_col, **vectors)
 
 
 @torch.no_grad()
@@ -201,13 +218,41 @@ def model_score_terms(model: nn.Module, images: Tensor) -> list[ScoreTerms]:
     return [score_terms(layer, inputs[index]) for index, layer in enumerate(layers)]
 
 
+def content_payload(term: ScoreTerms, index: int) -> dict[str, Any]:
+    """The content logits of image ``index``: float32 ``q/√d`` and ``k`` (``{"type": "factors",
+    "dim", "query", "key"}``) when 2 × 4 bytes × d per token is less than the 2 bytes × N of a
+    quantised row, else quantised ``(heads, N, N)``."""
+    heads, n, dim = term.key.shape[1:]
+    if 8 * dim >= 2 * n:
+        return quantize(term.content[index])
+    return {
+        "type": "factors",
+        "shape": [heads, n, n],
+        "dim": dim,
+        "query": encode(term.query[index], "<f4"),
+        "key": encode(term.key[index], "<f4"),
+    }
+
+
+def decode_content(payload: dict[str, Any]) -> np.ndarray:
+    """The content logits ``(heads, N, N)`` (float64) of a ``content_payload``, as the page
+    computes them."""
+    if payload["type"] == "quantized":
+        return dequantize(payload)
+    heads, n, _ = payload["shape"]
+    shape = (heads, n, payload["dim"])
+    query = np.frombuffer(base64.b64decode(payload["query"]), "<f4").reshape(shape)
+    key = np.frombuffer(base64.b64decode(payload["key"]), "<f4").reshape(shape)
+    return query.astype(np.float64) @ key.astype(np.float64).transpose(0, 2, 1)
+
+
 def image_payload(terms: Sequence[ScoreTerms], index: int) -> dict[str, Any]:
     """The per-image file's content for image ``index`` of the batch the terms were computed on."""
     layers = []
     for term in terms:
         entry: dict[str, Any] = {"content": None, "position": None}
         if term.content is not None:
-            entry["content"] = quantize(term.content[index])
+            entry["content"] = content_payload(term, index)
         if term.position_row is not None:
             split = term.position_row.shape[-1]
             entry["position"] = {
@@ -232,48 +277,64 @@ def colormap_bytes(name: str = "viridis") -> str:
     return encode(np.round(rgb * 255), "|u1")
 
 
+def _check_images(images: Tensor | None, image_size: tuple[int, int], what: str) -> None:
+    if images is None or not isinstance(images, Tensor) or images.dim() != 4:
+        raise ValueError(f"{what}: a float tensor (B, C, H, W) in [0, 1]")
+    if tuple(images.shape[2:]) != (int(image_size[0]), int(image_size[1])):
+        raise ValueError(
+            f"images are {images.shape[2]}x{images.shape[3]}, expected {tuple(image_size)}"
+        )
+
+
+def _pixels(image: Tensor) -> str:
+    """One image ``(C, H, W)`` in ``[0, 1]`` as base64 uint8 ``(H, W, C)``."""
+    return encode((image.clamp(0, 1) * 255).round().permute(1, 2, 0), "|u1")
+
+
 def explorer_data(
     model: nn.Module | Sequence[MultiHeadSelfAttention2d],
     image_size: tuple[int, int],
     images: Tensor | None = None,
     labels: Sequence[str] | None = None,
-    title: str = "attnconv explorer",
     meta: dict[str, Any] | None = None,
+    average_images: Tensor | None = None,
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """The page's data: ``(data.js object, [per-image file objects])``.
+    """One model's data: ``(model.js object, [image file objects])``; image ``i``'s file is
+    ``data["images"][i]["file"]`` (relative to the model's folder), if it has one.
 
     ``images``: float ``(B, C, H, W)`` in ``[0, 1]``, required for models with content scores (one
-    image file each) and not used for position-only models (whose maps need no image).
-    ``labels``: one caption per image.
+    file each); for position-only models, whose maps need no image, only drawn under the query
+    picker. ``labels``: one caption per image. ``average_images`` (content models): the images the
+    ``average.js`` entry averages the probabilities over.
     """
     layers = attention_layers(model)
     grid = token_grid(model, image_size)
     data: dict[str, Any] = {
-        "format": FORMAT,
-        "version": VERSION,
-        "title": title,
         "meta": meta or {},
         "grid": list(grid),
         "stem": int(getattr(model, "stem", 1)),
         "image_size": [int(image_size[0]), int(image_size[1])],
         "heads": [layer.heads for layer in layers],
-        "colormap": colormap_bytes(),
+        "images": [],
     }
-    if all(layer.position_only for layer in layers):
+    position_only = all(layer.position_only for layer in layers)
+    if images is not None or not position_only:
+        _check_images(images, image_size, "a model with content scores needs test images")
+        if labels is not None and len(labels) != images.shape[0]:
+            raise ValueError(f"got {len(labels)} labels for {images.shape[0]} images")
+        for index in range(images.shape[0]):
+            entry = {
+                "label": labels[index] if labels is not None else f"image {index}",
+                "channels": int(images.shape[1]),
+                "pixels": _pixels(images[index]),
+            }
+            if not position_only:
+                entry["file"] = f"image_{index:03d}.js"
+            data["images"].append(entry)
+    if position_only:
         data["kind"] = "position"
         data["layers"] = [position_layer_payload(layer, grid) for layer in layers]
-        data["images"] = []
         return data, []
-    if images is None or not isinstance(images, Tensor) or images.dim() != 4:
-        raise ValueError(
-            "a model with content scores needs test images: a float tensor (B, C, H, W) in [0, 1]"
-        )
-    if tuple(images.shape[2:]) != tuple(data["image_size"]):
-        raise ValueError(
-            f"images are {images.shape[2]}x{images.shape[3]}, expected {tuple(image_size)}"
-        )
-    if labels is not None and len(labels) != images.shape[0]:
-        raise ValueError(f"got {len(labels)} labels for {images.shape[0]} images")
     data["kind"] = "content"
     data["terms"] = {
         "content": any(layer.key is not None for layer in layers),
@@ -281,22 +342,106 @@ def explorer_data(
             layer.positional is not None or layer.content_positional for layer in layers
         ),
     }
-    data["images"] = []
-    files = []
-    for index in range(images.shape[0]):
-        image = images[index : index + 1]
-        terms = model_score_terms(model, image)
-        pixels = (image[0].clamp(0, 1) * 255).round().permute(1, 2, 0)  # (H, W, C)
+    files = [
+        image_payload(model_score_terms(model, images[index : index + 1]), 0)
+        for index in range(images.shape[0])
+    ]
+    if average_images is not None:
+        _check_images(average_images, image_size, "average_images must be")
+        count = average_images.shape[0]
+        probs = compute_attention(model, image_size, average_images).probs
         data["images"].append(
             {
-                "label": labels[index] if labels is not None else f"image {index}",
-                "channels": int(image.shape[1]),
-                "pixels": encode(pixels, "|u1"),
-                "file": f"images/image_{index:03d}.js",
+                "label": f"average over {count} test image{'s' if count > 1 else ''}",
+                "channels": int(average_images.shape[1]),
+                "pixels": _pixels(average_images.mean(dim=0)),
+                "file": "average.js",
+                "average": count,
             }
         )
-        files.append(image_payload(terms, 0))
+        files.append({"average": [quantize(p) for p in probs]})
     return data, files
+
+
+@dataclass
+class SiteModel:
+    """One model of an explorer site (see ``explorer_data`` for the images)."""
+
+    name: str
+    model: nn.Module | Sequence[MultiHeadSelfAttention2d]
+    image_size: tuple[int, int]
+    description: str = ""
+    dataset: str | None = None
+    test_accuracy: float | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+    images: Tensor | None = None
+    labels: Sequence[str] | None = None
+    average_images: Tensor | None = None
+
+
+def write_explorer(
+    models: Sequence[SiteModel],
+    out_dir: str | Path,
+    title: str = "attnconv explorer",
+    skipped: dict[str, str] | None = None,
+) -> list[Path]:
+    """Write one explorer page for ``models`` (at least one) into ``out_dir``; ``skipped`` names
+    models left out, with the reason, shown on the page. Returns the written files. Open
+    ``out_dir/index.html`` in a browser (``file://`` works)."""
+    if not models:
+        raise ValueError("an explorer site needs at least one model with attention")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    static = resources.files("attnconv.viz") / "explorer"
+    for name in STATIC_FILES:
+        with resources.as_file(static / name) as source:
+            shutil.copyfile(source, out / name)
+        written.append(out / name)
+    manifest: dict[str, Any] = {
+        "format": FORMAT,
+        "version": VERSION,
+        "title": title,
+        "colormap": colormap_bytes(),
+        "models": [],
+        "skipped": [{"name": name, "reason": why} for name, why in (skipped or {}).items()],
+    }
+    for number, entry in enumerate(models):
+        data, files = explorer_data(
+            entry.model,
+            entry.image_size,
+            entry.images,
+            entry.labels,
+            entry.meta,
+            entry.average_images,
+        )
+        folder = f"models/{number}"
+        (out / folder).mkdir(parents=True, exist_ok=True)
+        data["name"] = entry.name
+        data["description"] = entry.description
+        for image in data["images"]:
+            if "file" in image:
+                image["file"] = f"{folder}/{image['file']}"
+        written.append(_write_data(out, f"{folder}/model.js", data))
+        with_files = [image for image in data["images"] if "file" in image]
+        for image, payload in zip(with_files, files, strict=True):
+            written.append(_write_data(out, image["file"], payload))
+        manifest["models"].append(
+            {
+                "name": entry.name,
+                "description": entry.description,
+                "dataset": entry.dataset,
+                "test_accuracy": entry.test_accuracy,
+                "kind": data["kind"],
+                "grid": data["grid"],
+                "heads": data["heads"],
+                "file": f"{folder}/model.js",
+            }
+        )
+    path = out / "data.js"
+    path.write_text("window.ATTNCONV_SITE = " + json.dumps(manifest, separators=(",", ":")) + ";\n")
+    written.append(path)
+    return written
 
 
 def write_site(
@@ -305,37 +450,28 @@ def write_site(
     image_size: tuple[int, int],
     images: Tensor | None = None,
     labels: Sequence[str] | None = None,
-    title: str = "attnconv explorer",
+    name: str = "model",
+    description: str = "",
     meta: dict[str, Any] | None = None,
 ) -> list[Path]:
-    """Write the explorer for ``model`` into ``out_dir`` (see ``explorer_data`` for the arguments);
-    returns the written files. Open ``out_dir/index.html`` in a browser (``file://`` works)."""
-    out = Path(out_dir)
-    data, image_files = explorer_data(model, image_size, images, labels, title, meta)
-    out.mkdir(parents=True, exist_ok=True)
-    written = []
-    static = resources.files("attnconv.viz") / "explorer"
-    for name in STATIC_FILES:
-        with resources.as_file(static / name) as source:
-            shutil.copyfile(source, out / name)
-        written.append(out / name)
-    written.append(_write_script(out / "data.js", "window.ATTNCONV_DATA = ", data))
-    if image_files:
-        (out / "images").mkdir(exist_ok=True)
-    for index, payload in enumerate(image_files):
-        written.append(
-            _write_script(
-                out / data["images"][index]["file"],
-                f"(window.ATTNCONV_IMAGES = window.ATTNCONV_IMAGES || {{}})[{index}] = ",
-                payload,
-            )
-        )
-    return written
+    """The explorer page of one model (``write_explorer`` with one ``SiteModel``)."""
+    entry = SiteModel(
+        name, model, image_size, description, meta=meta or {}, images=images, labels=labels
+    )
+    return write_explorer([entry], out_dir, title=f"attnconv explorer: {name}")
 
 
-def _write_script(path: Path, prefix: str, payload: dict[str, Any]) -> Path:
-    path.write_text(prefix + json.dumps(payload, separators=(",", ":")) + ";\n")
+def _write_data(out: Path, file: str, payload: dict[str, Any]) -> Path:
+    path = out / file
+    text = json.dumps(payload, separators=(",", ":"))
+    path.write_text(f"window.ATTNCONV_FILES[{json.dumps(file)}] = {text};\n")
     return path
+
+
+def read_data(path: str | Path) -> dict[str, Any]:
+    """The object a site's data file (``data.js`` or one under ``models/``) assigns."""
+    text = Path(path).read_text()
+    return json.loads(text[text.index("= ") + 2 : text.rindex(";")])
 
 
 def site_size(out_dir: str | Path) -> int:

@@ -1,31 +1,56 @@
-// attnconv explorer: every layer × head attention map for a clicked query token.
-// Data comes from data.js (window.ATTNCONV_DATA) and, for models with content scores, one
-// images/image_NNN.js per test image (window.ATTNCONV_IMAGES[i]), loaded when the image is picked.
-// The format is documented in attnconv/viz/export.py. The displayed arrays are exposed as
-// window.attnconv.maps[layer][head] (Float64Array over key tokens, row-major).
+// attnconv explorer: every layer × head attention map for a clicked query token, for each model
+// of the site. data.js (window.ATTNCONV_SITE) lists the models; a model's models/I/model.js and
+// its per-image files are loaded when first shown; each data file assigns its object to
+// window.ATTNCONV_FILES[its path]. The format is documented in attnconv/viz/export.py. The
+// displayed arrays are exposed as window.attnconv.maps[layer][head] (Float64Array over key
+// tokens, row-major); names and captions from the data are only ever inserted as text.
 "use strict";
 
 (function () {
-  const D = window.ATTNCONV_DATA;
-  if (!D || D.format !== "attnconv-explorer") {
-    document.getElementById("maps").textContent =
-      "data.js is missing or is not an attnconv explorer export.";
+  const SITE = window.ATTNCONV_SITE;
+  const $ = (id) => document.getElementById(id);
+  if (!SITE || SITE.format !== "attnconv-explorer" || !SITE.models || !SITE.models.length) {
+    $("maps").textContent = "data.js is missing or is not an attnconv explorer export.";
     return;
   }
-  const [H, W] = D.grid;
-  const N = H * W;
-  const CMAP = bytes(D.colormap);
+  window.ATTNCONV_FILES = window.ATTNCONV_FILES || {};
+  const CMAP = bytes(SITE.colormap);
+  const HOVER_HELP = "Hover a map to read its values.";
+
+  // The model shown: its data (model.js), decoded layers, decoded image files, token grid.
+  let M = null, D = null, H = 0, W = 0, N = 0;
   const view = {
-    data: D,
-    state: { image: 0, query: [Math.floor(H / 2), Math.floor(W / 2)], mode: "total", softmax: true },
+    site: SITE,
+    model: -1,
+    data: null,
+    state: { image: 0, query: [0, 0], mode: "total", softmax: true, scale: "map" },
     maps: [],
     scales: [],
+    hover: null,
     ready: false,
-    setQuery, setImage, setMode, setSoftmax,
+    setModel, setQuery, setImage, setMode, setSoftmax, setScale,
   };
   window.attnconv = view;
 
-  // ------------------------------------------------------------------ decoding
+  // ------------------------------------------------------------------ loading and decoding
+
+  const pending = {};
+  function load(file) {
+    if (!pending[file]) {
+      pending[file] = new Promise((resolve, reject) => {
+        const script = document.createElement("script");
+        script.src = file;
+        script.onload = () => {
+          const payload = window.ATTNCONV_FILES[file];
+          delete window.ATTNCONV_FILES[file];
+          if (payload) resolve(payload); else reject(new Error(`${file} holds no explorer data`));
+        };
+        script.onerror = () => { delete pending[file]; reject(new Error(`could not load ${file}`)); };
+        document.body.appendChild(script);
+      });
+    }
+    return pending[file];
+  }
 
   function bytes(b64) {
     const text = atob(b64);
@@ -47,16 +72,55 @@
     for (let k = 0; k < q.n; k++) out[k] = lo + q.codes[base + k] * step;
     return out;
   }
+  function content(p) {
+    if (p.type !== "factors") return quantized(p);
+    return { type: "factors", dim: p.dim, query: f32(p.query), key: f32(p.key) };
+  }
+  // Content logits of query q (head h) to every key: (q/√d)·k, or a stored row.
+  function contentRow(c, head, q) {
+    if (c.type !== "factors") return quantizedRow(c, head * N + q);
+    const d = c.dim, out = new Float64Array(N), qb = (head * N + q) * d;
+    for (let k = 0; k < N; k++) {
+      const kb = (head * N + k) * d;
+      let sum = 0;
+      for (let i = 0; i < d; i++) sum += c.query[qb + i] * c.key[kb + i];
+      out[k] = sum;
+    }
+    return out;
+  }
 
-  const positionLayers = D.kind === "position" ? D.layers.map((p) =>
-    p.type === "product" ? { type: "product", row: f32(p.row), col: f32(p.col) } : quantized(p)) : null;
-  const imageCache = {};
+  async function modelData(index) {
+    const cached = modelCache[index];
+    if (cached) return cached;
+    const data = await load(SITE.models[index].file);
+    const decoded = {
+      data,
+      layers: data.kind === "position" ? data.layers.map((p) =>
+        p.type === "product" ? { type: "product", row: f32(p.row), col: f32(p.col) } : quantized(p)) : null,
+      images: {},
+    };
+    modelCache[index] = decoded;
+    return decoded;
+  }
+  const modelCache = {};
+
+  async function imageData(model, index) {
+    if (model.images[index]) return model.images[index];
+    const payload = await load(model.data.images[index].file);
+    model.images[index] = payload.average
+      ? { average: payload.average.map(quantized) }
+      : { layers: payload.layers.map((l) => ({
+          content: l.content && content(l.content),
+          position: l.position && quantized(l.position),
+        })) };
+    return model.images[index];
+  }
 
   // ------------------------------------------------------------------ maps
 
   // Probabilities of a position-only layer: R[q1, k1] * C[q2, k2], or a stored row.
   function positionProbs(layer, head, q1, q2) {
-    const L = positionLayers[layer];
+    const L = M.layers[layer];
     if (L.type !== "product") return quantizedRow(L, head * N + q1 * W + q2);
     const out = new Float64Array(N);
     const rb = (head * H + q1) * H, cb = (head * W + q2) * W;
@@ -68,11 +132,11 @@
 
   // Logits of one term ("content", "position") or their sum ("total"); null if the layer lacks it.
   function logits(image, layer, head, q, mode) {
-    const L = image[layer];
+    const L = image.layers[layer];
     const out = new Float64Array(N);
     let present = false;
     if (mode !== "position" && L.content) {
-      const c = quantizedRow(L.content, head * N + q);
+      const c = contentRow(L.content, head, q);
       for (let k = 0; k < N; k++) out[k] += c[k];
       present = true;
     }
@@ -99,58 +163,105 @@
     return out;
   }
 
+  // Whether the maps shown are probabilities (else logits).
+  function showsProbabilities() {
+    return D.kind === "position" || view.state.softmax || Boolean(currentImage().average);
+  }
+  function currentImage() { return M.images[view.state.image] || {}; }
+
   function computeMaps() {
     const [q1, q2] = view.state.query;
-    const image = D.kind === "content" ? imageCache[view.state.image] : null;
+    const q = q1 * W + q2;
+    const image = currentImage();
     return D.heads.map((heads, layer) => {
       const row = [];
       for (let head = 0; head < heads; head++) {
-        if (D.kind === "position") { row.push(positionProbs(layer, head, q1, q2)); continue; }
-        const x = logits(image, layer, head, q1 * W + q2, view.state.mode);
-        row.push(x && view.state.softmax ? softmax(x) : x);
+        if (D.kind === "position") row.push(positionProbs(layer, head, q1, q2));
+        else if (image.average) row.push(quantizedRow(image.average[layer], head * N + q));
+        else {
+          const x = logits(image, layer, head, q, view.state.mode);
+          row.push(x && view.state.softmax ? softmax(x) : x);
+        }
       }
       return row;
     });
   }
 
-  // ------------------------------------------------------------------ drawing
+  // ------------------------------------------------------------------ layout of one model
 
-  const mapsEl = document.getElementById("maps");
-  const cells = [];
-  const maxHeads = Math.max(...D.heads);
-  mapsEl.style.gridTemplateColumns = `1.4rem repeat(${maxHeads}, minmax(44px, ${Math.max(64, 900 / maxHeads)}px))`;
-  mapsEl.appendChild(document.createElement("div"));
-  for (let head = 0; head < maxHeads; head++) {
-    const el = document.createElement("div");
-    el.className = "col-head";
-    el.textContent = `head ${head}`;
-    mapsEl.appendChild(el);
-  }
-  D.heads.forEach((heads, layer) => {
-    const label = document.createElement("div");
-    label.className = "row-head";
-    label.textContent = `layer ${layer}`;
-    mapsEl.appendChild(label);
-    const row = [];
+  const mapsEl = $("maps");
+  let cells = [];
+
+  function buildMaps() {
+    mapsEl.replaceChildren();
+    cells = [];
+    const maxHeads = Math.max(...D.heads);
+    mapsEl.style.gridTemplateColumns = `1.4rem repeat(${maxHeads}, minmax(44px, ${Math.max(64, 900 / maxHeads)}px))`;
+    mapsEl.appendChild(document.createElement("div"));
     for (let head = 0; head < maxHeads; head++) {
-      const cell = document.createElement("div");
-      mapsEl.appendChild(cell);
-      if (head >= heads) continue;
-      cell.className = "map";
-      const canvas = document.createElement("canvas");
-      canvas.width = W;
-      canvas.height = H;
-      canvas.style.aspectRatio = `${W} / ${H}`;
-      const marker = document.createElement("div");
-      marker.className = "marker";
-      const scale = document.createElement("div");
-      scale.className = "scale";
-      cell.append(canvas, marker, scale);
-      canvas.addEventListener("mousemove", (e) => hover(e, canvas, layer, head));
-      row.push({ cell, canvas, marker, scale });
+      const el = document.createElement("div");
+      el.className = "col-head";
+      el.textContent = `head ${head}`;
+      mapsEl.appendChild(el);
     }
-    cells.push(row);
-  });
+    D.heads.forEach((heads, layer) => {
+      const label = document.createElement("div");
+      label.className = "row-head";
+      label.textContent = `layer ${layer}`;
+      mapsEl.appendChild(label);
+      const row = [];
+      for (let head = 0; head < maxHeads; head++) {
+        const cell = document.createElement("div");
+        mapsEl.appendChild(cell);
+        if (head >= heads) continue;
+        cell.className = "map";
+        // The outline is placed in a frame holding only the canvas, so that it lines up with
+        // the map's tokens (not with the map plus its caption).
+        const frame = document.createElement("div");
+        frame.className = "frame";
+        const canvas = document.createElement("canvas");
+        canvas.width = W;
+        canvas.height = H;
+        canvas.style.aspectRatio = `${W} / ${H}`;
+        canvas.setAttribute("aria-label", `layer ${layer}, head ${head}`);
+        const marker = document.createElement("div");
+        marker.className = "marker";
+        frame.append(canvas, marker);
+        const scale = document.createElement("div");
+        scale.className = "scale";
+        cell.append(frame, scale);
+        canvas.addEventListener("mousemove", (e) => hover(e, canvas, layer, head));
+        row.push({ cell, canvas, marker, scale });
+      }
+      cells.push(row);
+    });
+  }
+
+  function buildImages() {
+    const strip = $("images");
+    strip.replaceChildren();
+    strip.hidden = D.images.length === 0;
+    D.images.forEach((info, i) => {
+      const button = document.createElement("button");
+      button.type = "button";
+      button.className = "thumb";
+      button.title = info.label;
+      button.setAttribute("aria-label", info.label);
+      const thumb = document.createElement("canvas");
+      thumb.width = D.image_size[1];
+      thumb.height = D.image_size[0];
+      const ctx = thumb.getContext("2d");
+      ctx.putImageData(pixelsToImageData(ctx, info, thumb.width, thumb.height), 0, 0);
+      button.appendChild(thumb);
+      if (info.average) {
+        const tag = document.createElement("span");
+        tag.textContent = "mean";
+        button.appendChild(tag);
+      }
+      button.addEventListener("click", () => setImage(i));
+      strip.appendChild(button);
+    });
+  }
 
   function placeMarker(el, query) {
     el.style.left = `${(100 * query[1]) / W}%`;
@@ -159,68 +270,110 @@
     el.style.height = `${100 / H}%`;
   }
 
-  function drawMap(canvas, values, fromZero) {
+  function range(values, fromZero) {
     let lo = fromZero ? 0 : Infinity, hi = -Infinity;
     for (const v of values) { lo = Math.min(lo, v); hi = Math.max(hi, v); }
+    return [lo, hi];
+  }
+
+  function drawMap(canvas, values, [lo, hi]) {
     const ctx = canvas.getContext("2d");
     const img = ctx.createImageData(W, H);
     const span = hi > lo ? hi - lo : 1;
     for (let k = 0; k < N; k++) {
-      const c = Math.round((255 * (values[k] - lo)) / span);
+      const c = Math.max(0, Math.min(255, Math.round((255 * (values[k] - lo)) / span)));
       img.data.set([CMAP[3 * c], CMAP[3 * c + 1], CMAP[3 * c + 2], 255], 4 * k);
     }
     ctx.putImageData(img, 0, 0);
-    return [lo, hi];
   }
 
+  function format(v, probabilities) { return probabilities ? v.toFixed(3) : v.toFixed(1); }
+
   function render() {
-    const image = D.kind === "content" ? imageCache[view.state.image] : true;
-    if (!image) return;
+    if (D.kind === "content" && !M.images[view.state.image]) return;
     const maps = computeMaps();
-    const probabilities = D.kind === "position" || view.state.softmax;
+    const probabilities = showsProbabilities();
+    const ranges = maps.map((row) => row.map((values) => values && range(values, probabilities)));
+    const present = ranges.flat().filter(Boolean);
+    const shared = present.length
+      ? [Math.min(...present.map((r) => r[0])), Math.max(...present.map((r) => r[1]))]
+      : [0, 1];
     view.scales = maps.map((row, layer) => row.map((values, head) => {
       const { cell, canvas, marker, scale } = cells[layer][head];
       placeMarker(marker, view.state.query);
       cell.classList.toggle("empty", values === null);
       if (values === null) { scale.textContent = "no such term"; return null; }
-      const [lo, hi] = drawMap(canvas, values, probabilities);
-      scale.textContent = probabilities ? `max ${hi.toFixed(3)}` : `${lo.toFixed(1)} … ${hi.toFixed(1)}`;
-      return [lo, hi];
+      const [lo, hi] = ranges[layer][head];
+      drawMap(canvas, values, view.state.scale === "shared" ? shared : [lo, hi]);
+      scale.textContent = probabilities ? `max ${format(hi, true)}` : `${format(lo)} … ${format(hi)}`;
+      return view.state.scale === "shared" ? shared : [lo, hi];
     }));
     view.maps = maps;
-    placeMarker(document.getElementById("picker-marker"), view.state.query);
+    drawColorbar(probabilities, shared);
+    placeMarker($("picker-marker"), view.state.query);
     const [q1, q2] = view.state.query;
     const where = D.stem > 1 ? `, pixels ${q1 * D.stem}–${(q1 + 1) * D.stem - 1} × ${q2 * D.stem}–${(q2 + 1) * D.stem - 1}` : "";
-    const image_label = D.kind === "content" ? `${D.images[view.state.image].label}: ` : "";
-    document.getElementById("query-readout").textContent = `${image_label}query token (row ${q1}, col ${q2})${where}`;
+    const image = D.images.length && D.kind === "content" ? `${D.images[view.state.image].label}: ` : "";
+    $("query-readout").textContent = `${image}query token (row ${q1}, col ${q2})${where}`;
+    showHover();
     view.ready = true;
   }
 
+  // ------------------------------------------------------------------ colour bar and hover
+
+  const colorbar = $("colorbar");
+  (function drawGradient() {
+    const ctx = colorbar.getContext("2d");
+    const img = ctx.createImageData(256, 1);
+    for (let c = 0; c < 256; c++) img.data.set([CMAP[3 * c], CMAP[3 * c + 1], CMAP[3 * c + 2], 255], 4 * c);
+    ctx.putImageData(img, 0, 0);
+  })();
+
+  function drawColorbar(probabilities, shared) {
+    const kind = probabilities ? "probability" : "logit";
+    if (view.state.scale === "shared") {
+      $("colorbar-lo").textContent = format(shared[0], probabilities);
+      $("colorbar-hi").textContent = format(shared[1], probabilities);
+      $("colorbar-caption").textContent = `${kind}, one scale for all maps`;
+    } else {
+      $("colorbar-lo").textContent = probabilities ? "0" : "min";
+      $("colorbar-hi").textContent = "max";
+      $("colorbar-caption").textContent = `${kind}, each map from ${probabilities ? "0" : "its minimum"} to its maximum (under it)`;
+    }
+  }
+
   function hover(event, canvas, layer, head) {
-    const values = view.maps[layer] && view.maps[layer][head];
-    if (!values) return;
     const rect = canvas.getBoundingClientRect();
     const k1 = Math.min(H - 1, Math.floor(((event.clientY - rect.top) / rect.height) * H));
     const k2 = Math.min(W - 1, Math.floor(((event.clientX - rect.left) / rect.width) * W));
-    const kind = D.kind === "position" || view.state.softmax ? "probability" : "logit";
-    document.getElementById("hover-readout").textContent =
-      `layer ${layer}, head ${head}, key (${k1}, ${k2}): ${kind} ${values[k1 * W + k2].toPrecision(4)}`;
+    view.hover = { layer, head, key: [k1, k2] };
+    showHover();
+  }
+
+  // The hovered value for the current model, image, query and score: redrawn with every change.
+  function showHover() {
+    const h = view.hover;
+    const values = h && view.maps[h.layer] && view.maps[h.layer][h.head];
+    if (!values) { $("hover-readout").textContent = HOVER_HELP; return; }
+    const [k1, k2] = h.key;
+    const kind = showsProbabilities() ? "probability" : "logit";
+    $("hover-readout").textContent =
+      `layer ${h.layer}, head ${h.head}, key (${k1}, ${k2}): ${kind} ${values[k1 * W + k2].toPrecision(4)}`;
   }
 
   // ------------------------------------------------------------------ picker and controls
 
-  const picker = document.getElementById("picker");
+  const picker = $("picker");
   picker.tabIndex = 0;
-  picker.style.aspectRatio = `${W} / ${H}`;
 
   function drawPicker() {
     const ctx = picker.getContext("2d");
-    if (D.kind === "content") {
+    picker.style.aspectRatio = `${W} / ${H}`;
+    if (D.images.length) {
       const [h, w] = D.image_size;
-      const info = D.images[view.state.image];
       picker.width = w;
       picker.height = h;
-      ctx.putImageData(pixelsToImageData(ctx, info, w, h), 0, 0);
+      ctx.putImageData(pixelsToImageData(ctx, D.images[view.state.image], w, h), 0, 0);
     } else {
       picker.width = W;
       picker.height = H;
@@ -260,62 +413,106 @@
   });
 
   function setQuery(r, c) {
-    if (r === view.state.query[0] && c === view.state.query[1]) return;
+    if (!D || (r === view.state.query[0] && c === view.state.query[1])) return;
     view.state.query = [r, c];
     render();
   }
-  function setMode(mode) { view.state.mode = mode; render(); }
-  function setSoftmax(on) { view.state.softmax = Boolean(on); render(); }
+  function setMode(mode) { view.state.mode = mode; if (D) render(); }
+  function setSoftmax(on) { view.state.softmax = Boolean(on); if (D) render(); }
+  function setScale(scale) { view.state.scale = scale === "shared" ? "shared" : "map"; if (D) render(); }
 
-  function setImage(index) {
+  function status(text) { $("status").textContent = text; }
+
+  async function setImage(index) {
     view.state.image = index;
-    document.querySelectorAll("#images canvas").forEach((el, i) => el.classList.toggle("selected", i === index));
+    document.querySelectorAll("#images button").forEach((el, i) => el.setAttribute("aria-pressed", String(i === index)));
     drawPicker();
-    if (imageCache[index]) { render(); return; }
+    const info = D.images[index];
+    $("modes").disabled = Boolean(info && info.average);
+    if (D.kind === "position") { render(); return; }
     view.ready = false;
-    const script = document.createElement("script");
-    script.src = D.images[index].file;
-    script.onload = () => {
-      imageCache[index] = window.ATTNCONV_IMAGES[index].layers.map((l) => ({
-        content: l.content && quantized(l.content),
-        position: l.position && quantized(l.position),
-      }));
-      delete window.ATTNCONV_IMAGES[index];
-      if (view.state.image === index) render();
-    };
-    script.onerror = () => {
-      document.getElementById("hover-readout").textContent = `could not load ${D.images[index].file}`;
-    };
-    document.body.appendChild(script);
+    const model = M;
+    try {
+      await imageData(model, index);
+    } catch (err) {
+      status(err.message);
+      return;
+    }
+    if (M === model && view.state.image === index) render();
+  }
+
+  async function setModel(index) {
+    const info = SITE.models[index];
+    view.model = index;
+    view.ready = false;
+    view.hover = null;
+    $("model-select").value = String(index);
+    showHeader(info);
+    status(`loading ${info.name} …`);
+    let model;
+    try {
+      model = await modelData(index);
+    } catch (err) {
+      status(err.message);
+      return;
+    }
+    if (view.model !== index) return;
+    status("");
+    M = model;
+    D = model.data;
+    view.data = D;
+    [H, W] = D.grid;
+    N = H * W;
+    view.maps = [];
+    view.state.query = [Math.floor(H / 2), Math.floor(W / 2)];
+    view.state.image = 0;
+    showMeta();
+    buildMaps();
+    buildImages();
+    $("modes").hidden = D.kind !== "content";
+    await setImage(0);
+  }
+
+  // ------------------------------------------------------------------ header
+
+  function percent(x) { return `${(100 * x).toFixed(1)}%`; }
+
+  function showHeader(info) {
+    $("model-name").textContent = info.name;
+    document.title = `${info.name}: ${SITE.title}`;
+    $("description").textContent = info.description || "";
+    const facts = [];
+    if (info.test_accuracy !== null && info.test_accuracy !== undefined) facts.push(`test accuracy ${percent(info.test_accuracy)}`);
+    if (info.dataset) facts.push(info.dataset);
+    $("accuracy").textContent = facts.join(" on ");
+    $("meta").textContent = "";
+  }
+
+  function showMeta() {
+    const meta = Object.entries(D.meta).map(([k, v]) => `${k}: ${v}`);
+    meta.push(`token grid ${H}×${W}` + (D.stem > 1 ? ` (image ${D.image_size[0]}×${D.image_size[1]}, ${D.stem}×${D.stem} pixels a token)` : ""));
+    meta.push(`${D.heads.length} layers × ${Math.max(...D.heads)} heads`);
+    meta.push(D.kind === "position" ? "position-only attention: the same for every image" : "attention with content scores: per image");
+    $("meta").textContent = meta.join(" · ");
   }
 
   // ------------------------------------------------------------------ start
 
-  document.getElementById("title").textContent = D.title;
-  document.title = D.title;
-  const meta = Object.entries(D.meta).map(([k, v]) => `${k}: ${v}`);
-  meta.push(`token grid ${H}×${W}` + (D.stem > 1 ? ` (image ${D.image_size[0]}×${D.image_size[1]}, ${D.stem}×${D.stem} pixels a token)` : ""));
-  meta.push(D.kind === "position" ? "position-only attention: the same for every image" : "attention with content scores: per image");
-  document.getElementById("meta").textContent = meta.join(" · ");
-
-  if (D.kind === "content") {
-    const strip = document.getElementById("images");
-    D.images.forEach((info, i) => {
-      const thumb = document.createElement("canvas");
-      thumb.width = D.image_size[1];
-      thumb.height = D.image_size[0];
-      thumb.title = info.label;
-      thumb.getContext("2d").putImageData(pixelsToImageData(thumb.getContext("2d"), info, thumb.width, thumb.height), 0, 0);
-      thumb.addEventListener("click", () => setImage(i));
-      strip.appendChild(thumb);
-    });
-    const modes = document.getElementById("modes");
-    modes.hidden = false;
-    modes.querySelectorAll("input[name=mode]").forEach((el) => el.addEventListener("change", () => setMode(el.value)));
-    document.getElementById("softmax").addEventListener("change", (e) => setSoftmax(e.target.checked));
-    setImage(0);
-  } else {
-    drawPicker();
-    render();
+  $("site-title").textContent = SITE.title;
+  const select = $("model-select");
+  SITE.models.forEach((info, i) => {
+    const option = document.createElement("option");
+    option.value = String(i);
+    option.textContent = info.name;
+    select.appendChild(option);
+  });
+  select.addEventListener("change", () => setModel(Number(select.value)));
+  $("switcher").hidden = SITE.models.length < 2;
+  if (SITE.skipped.length) {
+    $("skipped").textContent = "Not explorable: " + SITE.skipped.map((s) => `${s.name} (${s.reason})`).join("; ");
   }
+  document.querySelectorAll("input[name=mode]").forEach((el) => el.addEventListener("change", () => setMode(el.value)));
+  $("softmax").addEventListener("change", (e) => setSoftmax(e.target.checked));
+  document.querySelectorAll("input[name=scale]").forEach((el) => el.addEventListener("change", () => setScale(el.value)));
+  setModel(0);
 })();

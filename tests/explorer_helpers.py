@@ -1,0 +1,55 @@
+"""A folder of "shipped" models for the explorer tests: Fashion-MNIST-sized presets with random
+weights (made to give visible attention) and random test images, written with the package's own
+``export_pretrained`` and ``export_samples``, so the tests do not depend on the real weights."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from attnconv.models import PRESETS, create_model
+from attnconv.models.pretrained import export_pretrained, export_samples
+
+CLASSES = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat"] + [f"class {i}" for i in range(5)]
+# name -> test accuracy written into the index
+ACCURACY = {
+    "quadratic-fashion": 0.8137,
+    "learned-fashion": 0.7921,
+    "learned-content-fashion": 0.7654,
+    "resnet-fashion": 0.9012,
+}
+SAMPLES = 6
+
+
+def shipped_folder(folder: Path, names: tuple[str, ...] = tuple(ACCURACY)) -> Path:
+    """Write ``names`` (presets of ``ACCURACY``) and ``SAMPLES`` random test images into ``folder``."""
+    generator = torch.Generator().manual_seed(11)
+    for name in names:
+        torch.manual_seed(len(name))
+        model = create_model(name).eval()
+        if hasattr(model, "attention_layers"):
+            with torch.no_grad():  # the initialisation makes content and learned scores ~0
+                for layer in model.attention_layers():
+                    for linear in (layer.query, layer.key):
+                        if linear is not None:
+                            linear.weight.normal_(0.0, 0.2, generator=generator)
+                    if layer.positional == "learned":
+                        layer.row_embedding.normal_(0.0, 1.0, generator=generator)
+                        layer.col_embedding.normal_(0.0, 1.0, generator=generator)
+        preset = PRESETS[name]
+        export_pretrained(
+            model,
+            name,
+            description=preset.description,
+            dataset="fashion-mnist",
+            architecture=preset.model,
+            arguments={**preset.model_kwargs, "num_classes": 10},
+            test_accuracy=ACCURACY[name],
+            run={"command": "random weights for a test"},
+            folder=folder,
+        )
+    images = torch.randint(0, 256, (SAMPLES, 1, 28, 28), dtype=torch.uint8, generator=generator)
+    labels = torch.arange(SAMPLES) % 10
+    export_samples(images, labels, CLASSES, "fashion-mnist", folder=folder)
+    return folder
