@@ -11,6 +11,8 @@ from attnconv.models import create_model
 from attnconv.models.presets import PRESETS
 from attnconv.models.pretrained import (
     INDEX_NAME,
+    SAMPLE_COUNT,
+    WEIGHTS_DIR,
     PretrainedError,
     export_pretrained,
     export_samples,
@@ -131,3 +133,42 @@ def test_commands_take_a_checkpoint_or_a_pretrained_name_not_both(capsys):
         assert "give a CHECKPOINT or --pretrained NAME" in capsys.readouterr().err
         assert cli.main(command) == 2
         assert "give a CHECKPOINT or --pretrained NAME" in capsys.readouterr().err
+
+
+SHIPPED = pretrained_models()
+
+
+def test_the_fashion_mnist_experiment_is_shipped_within_10_mb():
+    assert list(SHIPPED) == [
+        "quadratic-fashion",
+        "learned-fashion",
+        "learned-content-fashion",
+        "resnet-fashion",
+    ]
+    folder = WEIGHTS_DIR
+    total = sum(path.stat().st_size for path in folder.iterdir())
+    assert total <= 10 * 2**20
+    for name, info in SHIPPED.items():
+        assert info.architecture == PRESETS[name].model and info.dataset == "fashion-mnist"
+        # The full constructor arguments: every key of the preset, plus what the dataset fixed.
+        assert set(PRESETS[name].model_kwargs) | {"num_classes"} <= set(info.arguments)
+        model = create_model(name, pretrained=True)
+        assert not model.training
+        assert model(torch.rand(2, 1, 28, 28)).shape == (2, 10)
+    images, captions = sample_images("fashion-mnist")
+    assert images.shape == (SAMPLE_COUNT, 1, 28, 28) and len(captions) == SAMPLE_COUNT
+
+
+@pytest.mark.needs_fashion_mnist
+@pytest.mark.parametrize("name", list(SHIPPED))
+def test_shipped_model_reaches_its_stated_test_accuracy(name):
+    """Each shipped model, in float32 on the 10000 Fashion-MNIST test images, within half a point
+    of the accuracy its index states (measured when it was exported)."""
+    from attnconv.data import BatchLoader, load_splits
+    from attnconv.train.loop import evaluation_sums
+
+    test = load_splits("fashion-mnist", download=False).test
+    loader = BatchLoader(test, 500, device="cpu", train=False, flip=False)
+    _, correct, seen = evaluation_sums(create_model(name, pretrained=True), loader, "fp32")
+    assert seen == 10000
+    assert abs(correct / seen - SHIPPED[name].test_accuracy) <= 0.005

@@ -153,13 +153,13 @@ def export_pretrained(
     """Write ``model``'s weights as ``folder/NAME.safetensors`` and its entry into ``index.json``
     (replacing an entry of the same name). ``arguments`` must rebuild ``model`` through
     ``MODELS[architecture]``; that is checked by loading the file back."""
-    from safetensors.torch import save_file
+    from safetensors.torch import save
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     file = f"{name}.safetensors"
     state = {key: value.detach().cpu().contiguous() for key, value in model.state_dict().items()}
-    save_file(state, str(folder / file))
+    write_atomic(folder / file, save(state))
     info = PretrainedInfo(
         name=name,
         description=description,
@@ -191,7 +191,7 @@ def export_samples(
 ) -> Path:
     """Ship ``images`` (uint8 ``(B, C, H, W)``) and ``labels`` (``(B,)``) of ``dataset``'s test
     set, with the class names, as ``samples-DATASET.safetensors``."""
-    from safetensors.torch import save_file
+    from safetensors.torch import save
 
     if images.dtype != torch.uint8 or images.dim() != 4 or labels.shape != images.shape[:1]:
         raise ValueError(
@@ -201,7 +201,7 @@ def export_samples(
     path = _samples_path(dataset, Path(folder))
     path.parent.mkdir(parents=True, exist_ok=True)
     tensors = {"images": images.contiguous(), "labels": labels.to(torch.int64).contiguous()}
-    save_file(tensors, str(path), metadata={"classes": json.dumps(list(classes))})
+    write_atomic(path, save(tensors, metadata={"classes": json.dumps(list(classes))}))
     return path
 
 
