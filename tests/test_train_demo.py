@@ -7,7 +7,9 @@ import torch
 from attnconv import cli
 from attnconv.convert.check import BATTERY
 from attnconv.hardware import resolve_precision
+from attnconv.models.pretrained import pretrained_info
 from attnconv.train.checkpoint import load_checkpoint
+from attnconv.train.demo import SHIPPED
 
 
 def test_short_demo_writes_its_results(tmp_path, capsys) -> None:
@@ -43,6 +45,21 @@ def test_short_demo_writes_its_results(tmp_path, capsys) -> None:
         assert (out / "figures" / f"{stem}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert str(out / "figures") in printed.out + printed.err
     assert f"test accuracy {summary['test_acc']:.1%}" in printed.out + printed.err
+
+    # 4. The shipped Fashion-MNIST model: its figures, grid scores and (data installed here in
+    # CI) its test accuracy, which must be the one its weights' index states.
+    shipped = demo["shipped"]
+    info = pretrained_info(SHIPPED)
+    assert shipped["stated_test_acc"] == info.test_accuracy
+    assert len(shipped["grid_score"]) == info.arguments["depth"]
+    assert all(0.0 <= g <= 1.0 for g in shipped["grid_score"])
+    shipped_names = {p.name for p in (out / "figures" / SHIPPED).iterdir()}
+    assert {"contours.png", "maps.png", "distance.png", "heads.csv"} <= shipped_names
+    if shipped["test_acc"] is None:
+        assert "apt-get install dataset-fashion-mnist" in shipped["accuracy_line"]
+    else:
+        assert abs(shipped["test_acc"] - info.test_accuracy) < 0.005
+    assert shipped["accuracy_line"] in printed.out + printed.err
 
 
 def test_demo_refuses_to_overwrite(tmp_path, capsys) -> None:
