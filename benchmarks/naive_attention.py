@@ -34,7 +34,7 @@ def _pixel_offsets(height: int, width: int, like: Tensor) -> Tensor:
 
 
 def _positional_logits(layer: MultiHeadSelfAttention2d, height: int, width: int) -> Tensor:
-    """Position-only logits ``(heads, N, N)`` straight from the definitions (design.md §1)."""
+    """Position-only logits ``(heads, N, N)`` straight from the definitions (docs/theory.md §1)."""
     if layer.positional in ("gaussian", "gaussian_full"):
         delta = _pixel_offsets(height, width, layer.centers)  # (N, N, 2)
         e = delta[None] - layer.centers[:, None, None, :]  # (heads, N, N, 2)

@@ -1,6 +1,6 @@
 """A plain, independent reference for ``MultiHeadSelfAttention2d``.
 
-Written from the formulas of design.md §1 only (it shares no code with the package): explicit pixel
+Written from the formulas of docs/theory.md §1 only (it shares no code with the package): explicit pixel
 coordinates, an explicit ``(B, heads, N, N)`` score tensor, ``torch.softmax``, a weighted sum.
 """
 

@@ -3,6 +3,7 @@ torch.compile without graph breaks, autocast; and state_dicts load both ways."""
 
 from __future__ import annotations
 
+import onnxruntime as ort
 import pytest
 import torch
 from torch import nn
@@ -85,8 +86,6 @@ def test_torch_export(build, shape):
 
 
 def test_onnx_export_runs_in_onnxruntime(tmp_path):
-    pytest.importorskip("onnxscript", reason="torch.onnx.export(dynamo=True) needs onnxscript")
-    ort = pytest.importorskip("onnxruntime")
     model = image_net()
     converted = convert_model(model)
     x = inputs((2, 3, 11, 10))

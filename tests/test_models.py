@@ -112,7 +112,7 @@ class TestEveryPreset:
 
 
 def reference_forward(model: ImageTransformer, x: torch.Tensor) -> torch.Tensor:
-    """The paper's model written out from design.md §2 with explicit loops over patches and
+    """The paper's model written out from docs/theory.md §4 with explicit loops over patches and
     heads, using only the model's weights and the layers' ``attention_probs``."""
     s = model.stem
     mean, std = model.normalize.mean, model.normalize.std
@@ -312,7 +312,7 @@ def test_bert_initialisation():
 
 
 def test_transformer_parameter_count_matches_hand_formula():
-    # design.md §2: embed, 6 × (MHSA out 9·400→400 + Gaussian geometry + dense + 2 norms + FFN),
+    # docs/theory.md §4: embed, 6 × (MHSA out 9·400→400 + Gaussian geometry + dense + 2 norms + FFN),
     # classifier. No value projection since head_dim = hidden.
     hidden, heads, mlp, classes = 400, 9, 512, 10
     per_layer = (

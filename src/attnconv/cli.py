@@ -40,7 +40,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "explore": (
         "attnconv.viz.cli_explore",
-        "write a self-contained web page to click through a checkpoint's attention maps",
+        "write an offline web page to click through the attention of a checkpoint or the shipped models",
     ),
     "report": (
         "attnconv.viz.cli_report",

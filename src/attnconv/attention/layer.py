@@ -1,7 +1,7 @@
 """``MultiHeadSelfAttention2d``: self-attention over the pixels of an image.
 
 Each head ``h`` computes ``P^h = softmax(A^h)`` over key pixels, with ``A^h`` a sum of the scores it
-is configured with (design.md §1), and the layer returns ``Σ_h P^h V^h W^h_out + b_out``.
+is configured with (docs/theory.md §1), and the layer returns ``Σ_h P^h V^h W^h_out + b_out``.
 
 Execution paths, all exact (tested against ``impl="dense"``, the plain per-image N×N reference):
 

@@ -1,6 +1,6 @@
 """Positional attention scores of the paper, as logits over key pixels.
 
-Conventions (design.md §1): pixels are ``(row, col)``; a query ``q`` and a key ``k`` have the
+Conventions (docs/theory.md §1): pixels are ``(row, col)``; a query ``q`` and a key ``k`` have the
 relative offset ``δ = k − q``; logits are indexed ``[head, query, key]``. The isotropic Gaussian and
 the learned relative score are sums of a row term and a column term, so they are returned as two
 factors: ``row (heads, H, H)`` over ``(query row, key row)`` and ``col (heads, W, W)`` over

@@ -1,6 +1,6 @@
 """Theorem 1 as code: a convolution computed exactly by multi-head self-attention.
 
-Construction (design.md §1). A convolution with a ``Kh×Kw`` kernel becomes a
+Construction (docs/theory.md §2). A convolution with a ``Kh×Kw`` kernel becomes a
 :class:`~attnconv.MultiHeadSelfAttention2d` with one head per kernel tap ``(i, j)``:
 
 * **Padding.** The input is padded exactly as the convolution pads it (zeros, circular

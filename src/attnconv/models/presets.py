@@ -1,6 +1,7 @@
 """Named model configurations with their training recipes, and ``create_model``.
 
-Every preset of the paper (design.md §2) plus ``quick``, a small model for a CPU demo.
+Every preset of the paper (docs/theory.md §4), ``quick`` (a small model for a CPU demo) and the
+Fashion-MNIST scale-downs (``*-fashion``, see the comment above ``PRESETS``).
 """
 
 from __future__ import annotations
