@@ -19,6 +19,7 @@ from attnconv.models import (
     count_parameters,
     create_model,
 )
+from attnconv.models.presets import size_note
 
 PAPER_PRESETS = [
     "quadratic",
@@ -353,3 +354,15 @@ def test_quick_preset_learns_digits_on_cpu():
     with torch.no_grad():
         accuracy = (model(images[test]).argmax(1) == labels[test]).float().mean().item()
     assert accuracy > 0.8
+
+
+def test_size_note_warns_when_a_preset_meets_much_larger_images():
+    note = size_note("quick", "fashion-mnist", (28, 28))
+    assert note is not None
+    assert "sized for 64 tokens per layer" in note and "give it 784 (12x)" in note
+    assert "presets sized for fashion-mnist: quadratic-fashion, learned-fashion" in note
+    assert size_note("quick", "fashion-mnist", (28, 28), {"stem": 4}) is None  # 49 tokens
+    assert size_note("quick", "digits", (8, 8)) is None
+    assert size_note("quadratic", "fashion-mnist", (28, 28)) is None  # 196 of its 256 tokens
+    assert size_note("resnet18", "fashion-mnist", (280, 280)) is None  # no attention
+    assert "(9x)" in size_note("quadratic", "cifar10", (96, 96))

@@ -230,6 +230,35 @@ def model_arguments(model: str) -> tuple[str, ...]:
     return tuple(inspect.signature(MODELS[model]).parameters)
 
 
+def size_note(
+    preset: str, dataset: str, image_size: tuple[int, int], overrides: dict[str, Any] | None = None
+) -> str | None:
+    """A one-line warning when ``preset`` (with model ``overrides``) would see more than 4× the
+    tokens per layer on ``dataset``'s ``image_size = (H, W)`` images than on the images it was
+    sized for (attention's cost grows faster than the token count), naming the presets sized for
+    ``dataset``; None otherwise."""
+    parameters = inspect.signature(MODELS[PRESETS[preset].model]).parameters
+    if "image_size" not in parameters or "stem" not in parameters:
+        return None
+    designed = {name: parameters[name].default for name in ("image_size", "stem")}
+    designed.update(PRESETS[preset].model_kwargs)
+    stem = {**designed, **(overrides or {})}["stem"]
+    tokens = (image_size[0] // stem) * (image_size[1] // stem)
+    designed_tokens = (designed["image_size"][0] // designed["stem"]) * (
+        designed["image_size"][1] // designed["stem"]
+    )
+    ratio = tokens / designed_tokens
+    if ratio <= 4:
+        return None
+    sized = [name for name, p in PRESETS.items() if p.recipe.dataset == dataset]
+    advice = f"presets sized for {dataset}: {', '.join(sized)}; " if sized else ""
+    return (
+        f"note: {preset} was sized for {designed_tokens} tokens per layer; {dataset}'s "
+        f"{image_size[0]}x{image_size[1]} images give it {tokens} ({ratio:.0f}x) and epochs will "
+        f"be slow ({advice}or a coarser stem, model.stem=N)"
+    )
+
+
 def create_model(
     name: str, num_classes: int = 10, pretrained: bool = False, **overrides: Any
 ) -> nn.Module:

@@ -42,6 +42,7 @@ from tqdm import tqdm
 from attnconv.data import BatchLoader, DataSplits, load_splits
 from attnconv.hardware import resolve_precision
 from attnconv.models import PRESETS, count_macs, count_parameters, create_model
+from attnconv.models.presets import size_note
 from attnconv.runs import (
     RunFolderError,
     checkpoint_dir,
@@ -143,11 +144,13 @@ def evaluation_sums(model: nn.Module, loader: BatchLoader, precision: str = "fp3
     for images, labels in loader.epoch(0):
         with autocast(precision, loader.device):
             logits = model(images)
-        totals += torch.stack([
-            F.cross_entropy(logits.float(), labels, reduction="sum").double(),
-            (logits.argmax(dim=1) == labels).sum().double(),
-            torch.tensor(float(labels.shape[0]), dtype=torch.float64, device=loader.device),
-        ])
+        totals += torch.stack(
+            [
+                F.cross_entropy(logits.float(), labels, reduction="sum").double(),
+                (logits.argmax(dim=1) == labels).sum().double(),
+                torch.tensor(float(labels.shape[0]), dtype=torch.float64, device=loader.device),
+            ]
+        )
     model.train(was_training)
     return totals.tolist()
 
@@ -164,12 +167,14 @@ def _saved_position(path: Path) -> tuple[int, int] | None:
 class Trainer:
     """One training job; see the module docstring. ``fit()`` runs it."""
 
-    def __init__(self, config: TrainConfig, run_dir: Path, context: distributed.Context,
-                 resume: bool) -> None:
+    def __init__(
+        self, config: TrainConfig, run_dir: Path, context: distributed.Context, resume: bool
+    ) -> None:
         self.device = context.device
         # "auto" becomes what this device runs fast; config.json and summary.json record it.
-        precision = resolve_precision(config.precision, self.device,
-                                      warn=_warn if context.is_main else lambda _: None)
+        precision = resolve_precision(
+            config.precision, self.device, warn=_warn if context.is_main else lambda _: None
+        )
         self.requested_precision = config.precision
         config = dataclasses.replace(config, precision=precision)
         self.config, self.run_dir, self.context = config, run_dir, context
@@ -206,19 +211,31 @@ class Trainer:
         self.pad = config.pad
         if self.pad is None:
             self.pad = math.ceil(max(self.data.image_size) / 8)
-        loader_args = {"device": self.device, "rank": context.rank,
-                       "world_size": context.world_size}
+        loader_args = {
+            "device": self.device,
+            "rank": context.rank,
+            "world_size": context.world_size,
+        }
         self.train_loader = BatchLoader(
-            self.data.train, config.batch_size, train=True, flip=self.data.flip, pad=self.pad,
-            seed=config.seed, **loader_args,
+            self.data.train,
+            config.batch_size,
+            train=True,
+            flip=self.data.flip,
+            pad=self.pad,
+            seed=config.seed,
+            **loader_args,
         )
         self.val_loader = BatchLoader(
             self.data.val, config.batch_size, train=False, flip=False, **loader_args
         )
         self.steps_per_epoch = len(self.train_loader)
         self.schedule: LRSchedule = build_schedule(
-            config.schedule, config.lr, config.epochs, self.steps_per_epoch,
-            config.warmup_fraction, config.milestones,
+            config.schedule,
+            config.lr,
+            config.epochs,
+            self.steps_per_epoch,
+            config.warmup_fraction,
+            config.milestones,
         )
 
         self.epoch, self.step = 0, 0
@@ -267,13 +284,18 @@ class Trainer:
         init = load_checkpoint(config.init)
         source = PRESETS.get(init["preset"])
         target = PRESETS[config.preset]
-        same_architecture = source is not None and source.model == target.model and {
-            k: v for k, v in source.model_kwargs.items() if k != "heads"
-        } == {k: v for k, v in target.model_kwargs.items() if k != "heads"}
+        same_architecture = (
+            source is not None
+            and source.model == target.model
+            and {k: v for k, v in source.model_kwargs.items() if k != "heads"}
+            == {k: v for k, v in target.model_kwargs.items() if k != "heads"}
+        )
         if not same_architecture:
             compatible = [
-                name for name, p in PRESETS.items()
-                if p.model == target.model and p.model_kwargs == target.model_kwargs
+                name
+                for name, p in PRESETS.items()
+                if p.model == target.model
+                and p.model_kwargs == target.model_kwargs
                 and name != config.preset
             ]
             raise ValueError(
@@ -303,8 +325,10 @@ class Trainer:
         no_decay = self.model.no_weight_decay_parameters()
         named = list(self.model.named_parameters())
         groups = [
-            {"params": [p for n, p in named if n not in no_decay],
-             "weight_decay": self.config.weight_decay},
+            {
+                "params": [p for n, p in named if n not in no_decay],
+                "weight_decay": self.config.weight_decay,
+            },
             {"params": [p for n, p in named if n in no_decay], "weight_decay": 0.0},
         ]
         return torch.optim.SGD(groups, lr=self.config.lr, momentum=self.config.momentum)
@@ -315,8 +339,11 @@ class Trainer:
             self.optimizer.load_state_dict(checkpoint["optimizer"])
             self.epoch, self.step = int(checkpoint["epoch"]), int(checkpoint["step"])
             self.metrics = [dict(record) for record in checkpoint["metrics"]]
-            if not all(isinstance(r.get(key), int | float) for r in self.metrics
-                       for key in ("epoch", "step", "val_acc", "epoch_time_s")):
+            if not all(
+                isinstance(r.get(key), int | float)
+                for r in self.metrics
+                for key in ("epoch", "step", "val_acc", "epoch_time_s")
+            ):
                 raise ValueError("an epoch record lacks epoch, step, val_acc or epoch_time_s")
             states = checkpoint["rng"]
             if self.context.rank < len(states):
@@ -353,8 +380,11 @@ class Trainer:
             if _saved_position(path) != (self.epoch, self.step):
                 with self._writing(path):
                     save_checkpoint(resumed, path)
-                tqdm.write(f"{path} was missing or older than last.pt (the previous run was "
-                           f"stopped while saving): rewritten from last.pt", file=sys.stderr)
+                tqdm.write(
+                    f"{path} was missing or older than last.pt (the previous run was "
+                    f"stopped while saving): rewritten from last.pt",
+                    file=sys.stderr,
+                )
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -397,7 +427,9 @@ class Trainer:
         """Which checkpoint holds the last good state, for error messages."""
         if self.saved_step is None:
             return "no checkpoint was saved yet"
-        return f"the last good checkpoint is {self.checkpoints / 'last.pt'} (step {self.saved_step})"
+        return (
+            f"the last good checkpoint is {self.checkpoints / 'last.pt'} (step {self.saved_step})"
+        )
 
     @contextmanager
     def _writing(self, path: Path) -> Iterator[None]:
@@ -419,8 +451,9 @@ class Trainer:
 
     def _check_finite(self, sums: torch.Tensor) -> float:
         """The (all-rank) mean training loss so far this epoch; NonFiniteLossError if not finite."""
-        loss_sum, seen = distributed.all_reduce_sum(sums[:1].tolist() + sums[2:].tolist(),
-                                                    self.device)
+        loss_sum, seen = distributed.all_reduce_sum(
+            sums[:1].tolist() + sums[2:].tolist(), self.device
+        )
         loss = loss_sum / max(seen, 1.0)
         if not math.isfinite(loss):
             self._diverged(f"the training loss is {loss}")
@@ -433,8 +466,9 @@ class Trainer:
         )
 
     @torch.no_grad()
-    def _check_state(self, images: torch.Tensor | None = None,
-                     labels: torch.Tensor | None = None) -> None:
+    def _check_state(
+        self, images: torch.Tensor | None = None, labels: torch.Tensor | None = None
+    ) -> None:
         """NonFiniteLossError unless the state about to be saved is sound: every floating-point
         parameter and buffer finite and, given a batch, the loss of the current weights on it (eval
         mode: no dropout, no RNG draws, no batch-norm updates) finite on every rank."""
@@ -461,16 +495,25 @@ class Trainer:
         start_batch = self.step - epoch * self.steps_per_epoch
         # Running sums on this rank: (loss · images, correct, images); rank 0 starts from the
         # all-rank sums of a mid-epoch checkpoint.
-        sums = torch.tensor([self.progress["loss_sum"], self.progress["correct"],
-                             self.progress["seen"]], dtype=torch.float64, device=self.device)
+        sums = torch.tensor(
+            [self.progress["loss_sum"], self.progress["correct"], self.progress["seen"]],
+            dtype=torch.float64,
+            device=self.device,
+        )
         global_batch = config.batch_size
         # The bar redraws in place, so only on a terminal; in a file or a pipe (CI logs, nohup)
         # the epoch's summary line is the one line it gets.
         live = self.context.is_main and config.progress and sys.stderr.isatty()
         bar = tqdm(
-            total=self.steps_per_epoch * global_batch, initial=start_batch * global_batch,
-            unit="img", unit_scale=True, desc=f"epoch {epoch + 1}/{config.epochs}",
-            disable=not live, leave=False, file=sys.stderr, dynamic_ncols=True,
+            total=self.steps_per_epoch * global_batch,
+            initial=start_batch * global_batch,
+            unit="img",
+            unit_scale=True,
+            desc=f"epoch {epoch + 1}/{config.epochs}",
+            disable=not live,
+            leave=False,
+            file=sys.stderr,
+            dynamic_ncols=True,
         )
         self.forward_model.train()
         started = time.perf_counter()
@@ -489,16 +532,21 @@ class Trainer:
             self.step += 1
             with torch.no_grad():
                 count = labels.shape[0]
-                sums += torch.stack([
-                    loss.detach().double() * count,
-                    (logits.argmax(dim=1) == labels).sum().double(),
-                    torch.tensor(float(count), dtype=torch.float64, device=self.device),
-                ])
+                sums += torch.stack(
+                    [
+                        loss.detach().double() * count,
+                        (logits.argmax(dim=1) == labels).sum().double(),
+                        torch.tensor(float(count), dtype=torch.float64, device=self.device),
+                    ]
+                )
             bar.update(global_batch)
             in_epoch = self.step - epoch * self.steps_per_epoch
             last_batch = in_epoch == self.steps_per_epoch
-            mid_checkpoint = (config.checkpoint_steps > 0 and not last_batch
-                              and self.step % config.checkpoint_steps == 0)
+            mid_checkpoint = (
+                config.checkpoint_steps > 0
+                and not last_batch
+                and self.step % config.checkpoint_steps == 0
+            )
             if mid_checkpoint or in_epoch % CHECK_EVERY == 0:
                 running = self._check_finite(sums)
                 bar.set_postfix(loss=f"{running:.4f}", lr=f"{lr:.3g}")
@@ -550,6 +598,9 @@ class Trainer:
             + (" (auto)" if self.requested_precision == "auto" else "")
             + (f"; resuming at epoch {self.epoch + 1}, step {self.step}" if self.step else "")
         )
+        note = size_note(config.preset, config.dataset, tuple(self.data.image_size), config.model)
+        if note is not None:
+            logger.print(note)
         try:
             while self.epoch < config.epochs:
                 record = self._train_epoch()
@@ -558,11 +609,27 @@ class Trainer:
                     self._diverged(f"the validation loss is {val_loss}")
                 self._check_state()
                 self.epoch += 1
-                record = {"epoch": self.epoch, "step": self.step, **record,
-                          "val_loss": val_loss, "val_acc": val_acc}
-                record = {k: record[k] for k in (
-                    "epoch", "step", "lr", "train_loss", "train_acc", "val_loss", "val_acc",
-                    "epoch_time_s", "images_per_s")}
+                record = {
+                    "epoch": self.epoch,
+                    "step": self.step,
+                    **record,
+                    "val_loss": val_loss,
+                    "val_acc": val_acc,
+                }
+                record = {
+                    k: record[k]
+                    for k in (
+                        "epoch",
+                        "step",
+                        "lr",
+                        "train_loss",
+                        "train_acc",
+                        "val_loss",
+                        "val_acc",
+                        "epoch_time_s",
+                        "images_per_s",
+                    )
+                }
                 self.metrics.append(record)
                 logger.epoch(record, self.model, self.data.image_size)
                 # last.pt first: a kill before a copy is written is repaired by the resume.
@@ -590,8 +657,9 @@ class Trainer:
                     f"older attnconv: test a checkpoint with attnconv eval instead"
                 )
             best_model = build_model(checkpoint, best_path).to(self.device)
-            test_loader = BatchLoader(self.data.test, self.config.batch_size, device=self.device,
-                                      train=False, flip=False)
+            test_loader = BatchLoader(
+                self.data.test, self.config.batch_size, device=self.device, train=False, flip=False
+            )
             test_loss, test_acc = self.evaluate(test_loader, best_model, all_ranks=False)
             train_time = sum(r["epoch_time_s"] for r in self.metrics)
             summary = {
@@ -606,8 +674,10 @@ class Trainer:
                 "test_acc": test_acc,
                 "test_loss": test_loss,
                 "train_time_s": train_time,
-                "images_per_s": self.config.epochs * self.steps_per_epoch
-                * self.config.batch_size / train_time,
+                "images_per_s": self.config.epochs
+                * self.steps_per_epoch
+                * self.config.batch_size
+                / train_time,
                 "best_checkpoint": str(best_path),
             }
             with self._writing(self.run_dir / "summary.json"):
