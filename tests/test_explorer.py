@@ -285,11 +285,11 @@ def test_shipped_models_on_one_page(browser, shipped_site):
     # the hover readout follows the query (arrow key on the focused picker, mouse on the map)
     key = (12, 4)
     before = hover_value(page, 1, 2, key, "probability")
-    assert before == pytest.approx(maps[1][2][key[0] * 14 + key[1]], rel=1e-3)
+    assert before == pytest.approx(float(maps[1][2][key[0] * 14 + key[1]]), rel=1e-3)
     page.keyboard.press("ArrowUp")
     page.wait_for_function("window.attnconv.state.query.join() == '12,3'")
     after = readout_value(page, 1, 2, key, "probability")
-    assert after == pytest.approx(probs[1][2, 12 * 14 + 3, key[0] * 14 + key[1]], rel=1e-3)
+    assert after == pytest.approx(float(probs[1][2, 12 * 14 + 3, key[0] * 14 + key[1]]), rel=1e-3)
     assert abs(after - before) > 1e-3 * before
 
     # colour bar: per map from 0 to the map's maximum, or one scale for all maps
@@ -345,15 +345,17 @@ def test_shipped_models_on_one_page(browser, shipped_site):
     thumbs.nth(0).click()
     page.wait_for_function("window.attnconv.ready && window.attnconv.state.image == 0")
     probability = hover_value(page, 3, 1, key, "probability")
-    assert probability == pytest.approx(per_image[3][0, 1, 13 * 14, key[0] * 14 + key[1]], rel=3e-3)
+    assert probability == pytest.approx(
+        float(per_image[3][0, 1, 13 * 14, key[0] * 14 + key[1]]), rel=3e-3
+    )
     page.locator("#softmax").uncheck()
     logits = displayed(page)
     logit = readout_value(page, 3, 1, key, "logit")
-    assert logit == pytest.approx(logits[3][1][key[0] * 14 + key[1]], rel=1e-3)
+    assert logit == pytest.approx(float(logits[3][1][key[0] * 14 + key[1]]), rel=1e-3)
     page.locator("#images button").nth(1).press("Enter")
     page.wait_for_function("window.attnconv.ready && window.attnconv.state.image == 1")
     other = readout_value(page, 3, 1, key, "logit")
-    assert other == pytest.approx(displayed(page)[3][1][key[0] * 14 + key[1]], rel=1e-3)
+    assert other == pytest.approx(float(displayed(page)[3][1][key[0] * 14 + key[1]]), rel=1e-3)
     assert other != logit
     page.locator("#softmax").check()
 
