@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from attnconv.data import DataSplits
     from attnconv.viz.maps import AttentionMaps
 
 EXPERIMENTS: dict[str, tuple[str, ...]] = {
@@ -256,18 +257,18 @@ def write_results(rows: list[dict[str, Any]], out: Path, machine: str) -> list[P
     return [markdown, table]
 
 
-def export_run(run_dir: Path, folder: Path | None, data_dir: str | None) -> float:
-    """Ship the run's best checkpoint as pretrained weights; returns its float32 test accuracy."""
-    from attnconv.data import BatchLoader, load_splits
+def export_run(run_dir: Path, data: DataSplits, folder: Path) -> float:
+    """Ship the run's best checkpoint into ``folder`` as pretrained weights; returns its float32
+    accuracy on ``data``'s test split (the run's dataset)."""
+    from attnconv.data import BatchLoader
     from attnconv.hardware import machine_description
     from attnconv.models.presets import PRESETS
-    from attnconv.models.pretrained import WEIGHTS_DIR, export_pretrained
+    from attnconv.models.pretrained import export_pretrained
     from attnconv.train.checkpoint import load_model
     from attnconv.train.loop import evaluation_sums
 
     model, checkpoint = load_model(run_dir / "checkpoints" / "best.pt")
     preset = PRESETS[checkpoint["preset"]]
-    data = load_splits(checkpoint["dataset"], data_dir)
     loader = BatchLoader(data.test, 500, device="cpu", train=False, flip=False)
     _, correct, seen = evaluation_sums(model, loader, "fp32")
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -287,23 +288,21 @@ def export_run(run_dir: Path, folder: Path | None, data_dir: str | None) -> floa
             "train_time_s": summary["train_time_s"],
             "machine": machine_description("cpu"),
         },
-        folder=WEIGHTS_DIR if folder is None else folder,
+        folder=folder,
     )
     return correct / seen
 
 
-def export_test_samples(dataset: str, folder: Path | None, data_dir: str | None) -> Path:
-    """Ship the first ``SAMPLE_COUNT`` test images of ``dataset`` beside the weights."""
-    from attnconv.data import load_splits
-    from attnconv.models.pretrained import SAMPLE_COUNT, WEIGHTS_DIR, export_samples
+def export_test_samples(data: DataSplits, folder: Path) -> Path:
+    """Ship the first ``SAMPLE_COUNT`` test images of ``data`` into ``folder`` beside the weights."""
+    from attnconv.models.pretrained import SAMPLE_COUNT, export_samples
 
-    splits = load_splits(dataset, data_dir)
     return export_samples(
-        splits.test.images[:SAMPLE_COUNT],
-        splits.test.labels[:SAMPLE_COUNT],
-        splits.classes,
-        dataset,
-        WEIGHTS_DIR if folder is None else folder,
+        data.test.images[:SAMPLE_COUNT],
+        data.test.labels[:SAMPLE_COUNT],
+        data.classes,
+        data.name,
+        folder,
     )
 
 
@@ -321,10 +320,14 @@ def run(args: argparse.Namespace) -> int:
     files = write_results(rows, out, machine_description("cpu"))
     print((out / "results.md").read_text())
     if args.export_weights is not None:
-        folder = Path(args.export_weights) if args.export_weights else None
+        from attnconv.data import load_splits
+        from attnconv.models.pretrained import WEIGHTS_DIR
+
+        folder = Path(args.export_weights) if args.export_weights else WEIGHTS_DIR
+        data = load_splits(args.experiment, args.data_dir)  # once for every model
         for preset in presets:
-            accuracy = export_run(out / preset, folder, args.data_dir)
+            accuracy = export_run(out / preset, data, folder)
             print(f"{preset}: shipped, float32 test accuracy {accuracy:.4f}")
-        export_test_samples(args.experiment, folder, args.data_dir)
+        export_test_samples(data, folder)
     print(f"wrote {', '.join(str(f) for f in files)} and {out / 'figures'}", file=sys.stderr)
     return 0
