@@ -19,6 +19,16 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """One torch thread for a test module: tiny models run fastest on one thread (and subprocesses
+    use one: OMP_NUM_THREADS). Modules use it with ``pytestmark``."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 # System packages some tests need. Each check returns None when the package is there, else what is
 # missing and how to install it. Without it those tests skip with that reason; with CI=true they
 # fail instead, so CI cannot pass with them silently skipped.

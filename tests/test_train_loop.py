@@ -23,8 +23,16 @@ from attnconv.train.checkpoint import load_checkpoint, load_model, save_checkpoi
 from attnconv.train.config import resolve_config
 from attnconv.train.loop import NonFiniteLossError, train
 
-TINY = ["model.hidden=16", "model.depth=1", "model.heads=2", "model.head_dim=8",
-        "model.mlp_dim=32", "batch_size=64"]
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+TINY = [
+    "model.hidden=16",
+    "model.depth=1",
+    "model.heads=2",
+    "model.head_dim=8",
+    "model.mlp_dim=32",
+    "batch_size=64",
+]
 # float32 pinned: these runs are compared with float32 arithmetic, whatever "auto" picks here.
 QUIET = ["tensorboard=false", "progress=false", "device=cpu", "precision=fp32"]
 NO_DROPOUT = ["model.dropout=0", "model.attention_dropout=0"]
@@ -32,8 +40,13 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 
 
 def run_cli(*argv: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "attnconv", *argv], env=ENV, timeout=timeout,
-                          capture_output=True, text=True)
+    return subprocess.run(
+        [sys.executable, "-m", "attnconv", *argv],
+        env=ENV,
+        timeout=timeout,
+        capture_output=True,
+        text=True,
+    )
 
 
 def weights(run_dir: Path, name: str = "last.pt") -> dict[str, torch.Tensor]:
@@ -49,15 +62,6 @@ def assert_same_weights(a: dict, b: dict, atol: float = 0.0) -> None:
             torch.testing.assert_close(a[key], b[key], atol=atol, rtol=0, msg=key)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models run fastest on one thread (and the subprocesses use one: OMP_NUM_THREADS)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory) -> Path:
     """A finished 2-epoch run of a tiny `quick` model (shared by the read-only tests)."""
@@ -71,14 +75,25 @@ def finished_run(tmp_path_factory) -> Path:
 
 def test_one_epoch_equals_an_independent_sgd_loop(tmp_path) -> None:
     """Plain SGD (momentum 0, no weight decay, no dropout) with the closed-form cosine rate."""
-    overrides = [*TINY, *NO_DROPOUT, *QUIET, "epochs=1", "momentum=0", "weight_decay=0",
-                 "batch_size=100", "lr=0.05"]
+    overrides = [
+        *TINY,
+        *NO_DROPOUT,
+        *QUIET,
+        "epochs=1",
+        "momentum=0",
+        "weight_decay=0",
+        "batch_size=100",
+        "lr=0.05",
+    ]
     train(resolve_config("quick", overrides=overrides), tmp_path / "run")
 
     data = load_splits("digits")
     torch.manual_seed(0)  # the loop seeds the initial weights with config.seed
-    model = create_model("quick", **loop.data_model_config(data),
-                         **resolve_config("quick", overrides=TINY + NO_DROPOUT).model)
+    model = create_model(
+        "quick",
+        **loop.data_model_config(data),
+        **resolve_config("quick", overrides=TINY + NO_DROPOUT).model,
+    )
     loader = BatchLoader(data.train, 100, device="cpu", train=True, flip=False, pad=1, seed=0)
     steps = len(loader)
     warmup = math.ceil(0.05 * steps)
@@ -100,7 +115,9 @@ def test_run_folder_contents_and_recipe(finished_run: Path) -> None:
     config = json.loads((finished_run / "config.json").read_text())
     assert config["preset"] == "quick" and config["dataset"] == "digits"
     assert config["model"] == {"hidden": 16, "depth": 1, "heads": 2, "head_dim": 8, "mlp_dim": 32}
-    records = [json.loads(line) for line in (finished_run / "metrics.jsonl").read_text().splitlines()]
+    records = [
+        json.loads(line) for line in (finished_run / "metrics.jsonl").read_text().splitlines()
+    ]
     assert [r["epoch"] for r in records] == [1, 2] and [r["step"] for r in records] == [20, 40]
     schedule = loop.build_schedule("cosine", 0.1, 2, 20, 0.05)  # 1294 images // 64 = 20 steps
     assert [r["lr"] for r in records] == [schedule(19), schedule(39)]
@@ -111,9 +128,11 @@ def test_run_folder_contents_and_recipe(finished_run: Path) -> None:
     best = max(records, key=lambda r: r["val_acc"])
     assert (summary["best_epoch"], summary["best_val_acc"]) == (best["epoch"], best["val_acc"])
     assert summary["parameters"] == sum(
-        p.numel() for p in load_model(finished_run / "checkpoints" / "best.pt")[0].parameters())
-    assert summary["test_acc"] == pytest.approx(independent_test_accuracy(
-        finished_run / "checkpoints" / "best.pt"), abs=1e-12)
+        p.numel() for p in load_model(finished_run / "checkpoints" / "best.pt")[0].parameters()
+    )
+    assert summary["test_acc"] == pytest.approx(
+        independent_test_accuracy(finished_run / "checkpoints" / "best.pt"), abs=1e-12
+    )
 
     checkpoint = load_checkpoint(finished_run / "checkpoints" / "last.pt")
     assert checkpoint["epoch"] == 2 and checkpoint["step"] == 40
@@ -123,7 +142,9 @@ def test_run_folder_contents_and_recipe(finished_run: Path) -> None:
     assert (decay["weight_decay"], no_decay["weight_decay"], decay["momentum"]) == (1e-4, 0.0, 0.9)
     assert len(no_decay["params"]) == len(model.no_weight_decay_parameters())
     assert len(decay["params"]) + len(no_decay["params"]) == len(list(model.parameters()))
-    assert {"centers", "spread"} <= {n.rsplit(".", 1)[-1] for n in model.no_weight_decay_parameters()}
+    assert {"centers", "spread"} <= {
+        n.rsplit(".", 1)[-1] for n in model.no_weight_decay_parameters()
+    }
 
 
 def independent_test_accuracy(path: Path) -> float:
@@ -146,16 +167,30 @@ def test_two_runs_give_identical_weights(tmp_path, finished_run: Path) -> None:
 
 
 def test_sigkill_mid_epoch_then_resume_is_exact(tmp_path) -> None:
-    args = ["--preset", "quick", "--epochs", "2", "model.hidden=32", "model.heads=4",
-            "model.head_dim=8", "model.depth=2", "batch_size=64", "checkpoint_steps=3", *QUIET]
+    args = [
+        "--preset",
+        "quick",
+        "--epochs",
+        "2",
+        "model.hidden=32",
+        "model.heads=4",
+        "model.head_dim=8",
+        "model.depth=2",
+        "batch_size=64",
+        "checkpoint_steps=3",
+        *QUIET,
+    ]
     reference = run_cli("train", "--out", str(tmp_path / "whole"), *args)
     assert reference.returncode == 0, reference.stderr
 
     killed = tmp_path / "killed"
     last = killed / "checkpoints" / "last.pt"
-    process = subprocess.Popen([sys.executable, "-m", "attnconv", "train", "--out", str(killed),
-                                *args], env=ENV, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "attnconv", "train", "--out", str(killed), *args],
+        env=ENV,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.monotonic() + 240
     while not last.exists() and process.poll() is None and time.monotonic() < deadline:
         time.sleep(0.002)
@@ -170,8 +205,9 @@ def test_sigkill_mid_epoch_then_resume_is_exact(tmp_path) -> None:
     assert f"resuming at epoch 1, step {interrupted['step']}" in resumed.stdout + resumed.stderr
     assert_same_weights(weights(killed), weights(tmp_path / "whole"))
     a, b = load_checkpoint(last), load_checkpoint(tmp_path / "whole" / "checkpoints" / "last.pt")
-    for state_a, state_b in zip(a["optimizer"]["state"].values(), b["optimizer"]["state"].values(),
-                                strict=True):
+    for state_a, state_b in zip(
+        a["optimizer"]["state"].values(), b["optimizer"]["state"].values(), strict=True
+    ):
         assert torch.equal(state_a["momentum_buffer"], state_b["momentum_buffer"])
     for record_a, record_b in zip(a["metrics"], b["metrics"], strict=True):
         for key in ("train_loss", "train_acc", "val_loss", "val_acc", "lr", "step"):
@@ -183,9 +219,24 @@ def test_two_gloo_processes_match_one_process(tmp_path) -> None:
     single = run_cli("train", "--out", str(tmp_path / "one"), *args)
     assert single.returncode == 0, single.stderr
     ddp = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-         "-m", "attnconv", "train", "--out", str(tmp_path / "two"), *args],
-        env=ENV, capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            "-m",
+            "attnconv",
+            "train",
+            "--out",
+            str(tmp_path / "two"),
+            *args,
+        ],
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert ddp.returncode == 0, ddp.stderr
     assert "device cpu x2" in ddp.stdout + ddp.stderr
@@ -196,7 +247,9 @@ def test_two_gloo_processes_match_one_process(tmp_path) -> None:
         assert two[key] == pytest.approx(one[key], abs=1e-5), key
     # only rank 0 wrote the run folder
     assert sorted(p.name for p in (tmp_path / "two" / "checkpoints").iterdir()) == [
-        "best.pt", "last.pt"]
+        "best.pt",
+        "last.pt",
+    ]
 
 
 def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, monkeypatch) -> None:
@@ -213,7 +266,9 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, monk
 
     monkeypatch.setattr(loop.F, "cross_entropy", diverging)
     config = resolve_config("quick", overrides=["epochs=3", "checkpoint_steps=4", *TINY, *QUIET])
-    with pytest.raises(NonFiniteLossError, match="training diverged at epoch 2, step 28: the training loss is nan") as info:
+    with pytest.raises(
+        NonFiniteLossError, match="training diverged at epoch 2, step 28: the training loss is nan"
+    ) as info:
         train(config, tmp_path / "run")
     last = tmp_path / "run" / "checkpoints" / "last.pt"
     assert str(last) in str(info.value)
@@ -225,9 +280,22 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, monk
 
 def test_prune_then_fine_tune(tmp_path) -> None:
     source = tmp_path / "generalized"
-    train(resolve_config("quadratic-generalized", "digits", [
-        "epochs=1", "model.hidden=16", "model.depth=2", "model.heads=3", "model.mlp_dim=32",
-        "batch_size=64", *QUIET]), source)
+    train(
+        resolve_config(
+            "quadratic-generalized",
+            "digits",
+            [
+                "epochs=1",
+                "model.hidden=16",
+                "model.depth=2",
+                "model.heads=3",
+                "model.mlp_dim=32",
+                "batch_size=64",
+                *QUIET,
+            ],
+        ),
+        source,
+    )
     checkpoint = load_checkpoint(source / "checkpoints" / "best.pt")
     model = checkpoint["model"]
     model["blocks.0.attention.centers"] = torch.tensor([[3.0, 3.0], [0.0, 0.0], [-3.0, -3.0]])
@@ -236,8 +304,20 @@ def test_prune_then_fine_tune(tmp_path) -> None:
     save_checkpoint(checkpoint, tmp_path / "degenerate.pt")
 
     out = tmp_path / "pruned"
-    code = cli.main(["train", "--preset", "quadratic-generalized-pruned", "--init",
-                     str(tmp_path / "degenerate.pt"), "--out", str(out), "--epochs", "1", *QUIET])
+    code = cli.main(
+        [
+            "train",
+            "--preset",
+            "quadratic-generalized-pruned",
+            "--init",
+            str(tmp_path / "degenerate.pt"),
+            "--out",
+            str(out),
+            "--epochs",
+            "1",
+            *QUIET,
+        ]
+    )
     assert code == 0
     pruned, saved = load_model(out / "checkpoints" / "last.pt")
     assert saved["model_config"]["heads"] == [2, 3] and pruned.heads_per_layer() == [2, 3]
@@ -261,16 +341,19 @@ def test_eval_prints_the_accuracy_of_the_checkpoint(finished_run: Path, capsys) 
     assert f"loss {summary['test_loss']:.4f}" in out
 
 
-@pytest.mark.parametrize(("argv", "message"), [
-    (["train", "--preset", "nope"], "unknown preset 'nope'; valid presets: quadratic"),
-    (["train", "--preset", "quick", "--dataset", "mnist"], "unknown dataset 'mnist'; valid"),
-    (["train", "--preset", "quick", "lr=-1"], "lr must be > 0, got -1.0"),
-    (["train", "--preset", "quick", "--epochs", "-2"], "epochs must be >= 1, got -2"),
-    (["train", "--preset", "quick", "epochs=two"], "epochs: expected int, got 'two'"),
-    (["train", "--preset", "quick", "colour=red"], "unknown config key 'colour'; valid keys:"),
-    (["train"], "give --preset (one of quadratic"),
-    (["eval", "missing.pt"], "checkpoint missing.pt does not exist"),
-])
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["train", "--preset", "nope"], "unknown preset 'nope'; valid presets: quadratic"),
+        (["train", "--preset", "quick", "--dataset", "mnist"], "unknown dataset 'mnist'; valid"),
+        (["train", "--preset", "quick", "lr=-1"], "lr must be > 0, got -1.0"),
+        (["train", "--preset", "quick", "--epochs", "-2"], "epochs must be >= 1, got -2"),
+        (["train", "--preset", "quick", "epochs=two"], "epochs: expected int, got 'two'"),
+        (["train", "--preset", "quick", "colour=red"], "unknown config key 'colour'; valid keys:"),
+        (["train"], "give --preset (one of quadratic"),
+        (["eval", "missing.pt"], "checkpoint missing.pt does not exist"),
+    ],
+)
 def test_bad_input_is_one_line(argv: list, message: str, capsys) -> None:
     assert cli.main(argv) == 2
     err = capsys.readouterr().err
@@ -282,14 +365,23 @@ def test_bad_runs_and_checkpoints(finished_run: Path, tmp_path, capsys) -> None:
     cases = [
         (["train", "--resume", str(tmp_path / "empty")], "has no checkpoint to resume from"),
         (["train", "--resume", str(tmp_path / "nowhere")], "does not exist"),
-        (["train", "--resume", str(finished_run), "--preset", "quadratic"],
-         f"{finished_run} is a run of preset 'quick', not 'quadratic'"),
+        (
+            ["train", "--resume", str(finished_run), "--preset", "quadratic"],
+            f"{finished_run} is a run of preset 'quick', not 'quadratic'",
+        ),
         (["train", "--resume", str(finished_run), "lr=0.5"], "takes no other options"),
         (["train", "--preset", "quick", "--out", str(finished_run)], "already holds a run"),
-        (["train", "--preset", "quadratic-generalized-pruned", "--init",
-          str(finished_run / "checkpoints" / "best.pt")],
-         "is a checkpoint of preset 'quick'; preset 'quadratic-generalized-pruned' fine-tunes a "
-         "model of preset quadratic-generalized"),
+        (
+            [
+                "train",
+                "--preset",
+                "quadratic-generalized-pruned",
+                "--init",
+                str(finished_run / "checkpoints" / "best.pt"),
+            ],
+            "is a checkpoint of preset 'quick'; preset 'quadratic-generalized-pruned' fine-tunes a "
+            "model of preset quadratic-generalized",
+        ),
     ]
     for argv, message in cases:
         assert cli.main(argv) == 2, argv
@@ -304,8 +396,12 @@ def test_tensorboard_scalars_and_attention_figure(tmp_path) -> None:
     train(resolve_config("quick", overrides=["epochs=2", *TINY, "progress=false"]), run_dir)
     events = EventAccumulator(str(run_dir / "tensorboard"), size_guidance={"images": 0}).Reload()
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    for tag, key in [("loss/train", "train_loss"), ("loss/val", "val_loss"),
-                     ("accuracy/train", "train_acc"), ("accuracy/val", "val_acc")]:
+    for tag, key in [
+        ("loss/train", "train_loss"),
+        ("loss/val", "val_loss"),
+        ("accuracy/train", "train_acc"),
+        ("accuracy/val", "val_acc"),
+    ]:
         logged = events.Scalars(tag)
         assert [e.step for e in logged] == [1, 2]
         assert [e.value for e in logged] == pytest.approx([r[key] for r in records], rel=1e-6)
@@ -318,11 +414,25 @@ def test_tensorboard_scalars_and_attention_figure(tmp_path) -> None:
 
 
 def test_eval_of_the_validation_split_reproduces_the_selection(finished_run: Path, capsys) -> None:
-    assert cli.main(["eval", str(finished_run / "checkpoints" / "best.pt"), "--split", "val",
-                     "--precision", "fp32"]) == 0
+    assert (
+        cli.main(
+            [
+                "eval",
+                str(finished_run / "checkpoints" / "best.pt"),
+                "--split",
+                "val",
+                "--precision",
+                "fp32",
+            ]
+        )
+        == 0
+    )
     summary = json.loads((finished_run / "summary.json").read_text())
     count = len(load_splits("digits").val)
-    assert f"val ({count} images, fp32): accuracy {summary['best_val_acc']:.4f}" in capsys.readouterr().out
+    assert (
+        f"val ({count} images, fp32): accuracy {summary['best_val_acc']:.4f}"
+        in capsys.readouterr().out
+    )
 
 
 def test_bf16_autocast_changes_the_numbers_slightly(finished_run: Path) -> None:
@@ -343,8 +453,9 @@ def test_gradient_clipping_bounds_every_update(tmp_path) -> None:
     train(resolve_config("quick", overrides=common), tmp_path / "free")
     data = load_splits("digits")
     torch.manual_seed(0)
-    initial = create_model("quick", **loop.data_model_config(data),
-                           **resolve_config("quick", overrides=common).model).state_dict()
+    initial = create_model(
+        "quick", **loop.data_model_config(data), **resolve_config("quick", overrides=common).model
+    ).state_dict()
 
     def distance(run: str) -> float:
         final = weights(tmp_path / run)

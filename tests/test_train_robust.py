@@ -20,8 +20,16 @@ from attnconv import cli
 from attnconv.data import load_splits
 from attnconv.train.checkpoint import build_model, load_checkpoint, save_checkpoint
 
-TINY = ["model.hidden=16", "model.depth=1", "model.heads=2", "model.head_dim=8",
-        "model.mlp_dim=32", "batch_size=64"]
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+TINY = [
+    "model.hidden=16",
+    "model.depth=1",
+    "model.heads=2",
+    "model.head_dim=8",
+    "model.mlp_dim=32",
+    "batch_size=64",
+]
 QUIET = ["tensorboard=false", "progress=false", "device=cpu", "precision=fp32"]
 # 20 steps per epoch: last.pt is written at steps 7 and 14, at 20 (end of epoch 1, then best.pt),
 # at 21, 28 and 35, and at 40 (end of epoch 2, then best.pt if epoch 2 is the best): 7 times.
@@ -72,14 +80,6 @@ def one_line_error(err: str) -> str:
 
 def temporaries(run_dir: Path) -> list[str]:
     return sorted(p.name for p in run_dir.rglob(".*.tmp"))
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
@@ -145,8 +145,10 @@ def test_a_kill_between_last_and_best_of_the_final_epoch_is_repaired_on_resume(
     summary = json.loads((run_dir / "summary.json").read_text())
     expected = json.loads((reference / "summary.json").read_text())
     assert summary["best_epoch"] == 2
-    assert (summary["test_acc"], summary["test_loss"]) == (expected["test_acc"],
-                                                           expected["test_loss"])
+    assert (summary["test_acc"], summary["test_loss"]) == (
+        expected["test_acc"],
+        expected["test_loss"],
+    )
     assert load_checkpoint(best)["epoch"] == 2
     assert f"{best} was missing or older than last.pt" in capsys.readouterr().err
 
@@ -156,8 +158,24 @@ def test_a_kill_between_last_and_best_of_the_final_epoch_is_repaired_on_resume(
 
 def test_a_huge_learning_rate_never_saves_the_diverged_weights(tmp_path: Path, capsys) -> None:
     run_dir = tmp_path / "run"
-    assert cli.main(["train", "--out", str(run_dir), "--preset", "quick", "--epochs", "2",
-                     "checkpoint_steps=1", "lr=1000", *TINY, *QUIET]) == 1
+    assert (
+        cli.main(
+            [
+                "train",
+                "--out",
+                str(run_dir),
+                "--preset",
+                "quick",
+                "--epochs",
+                "2",
+                "checkpoint_steps=1",
+                "lr=1000",
+                *TINY,
+                *QUIET,
+            ]
+        )
+        == 1
+    )
     err = capsys.readouterr().err
     last = run_dir / "checkpoints" / "last.pt"
     checkpoint = load_checkpoint(last)
@@ -167,9 +185,11 @@ def test_a_huge_learning_rate_never_saves_the_diverged_weights(tmp_path: Path, c
         loss = F.cross_entropy(model(val.images.float() / 255), val.labels)
     assert torch.isfinite(loss), "the kept checkpoint must not be diverged already"
     step = checkpoint["step"]
-    assert (f"training diverged at epoch 1, step {step + 1}: the updated weights give a loss of "
-            f"nan on their last batch; stopping without saving it (the last good checkpoint is "
-            f"{last} (step {step}))") in err, err
+    assert (
+        f"training diverged at epoch 1, step {step + 1}: the updated weights give a loss of "
+        f"nan on their last batch; stopping without saving it (the last good checkpoint is "
+        f"{last} (step {step}))"
+    ) in err, err
     assert not (run_dir / "summary.json").exists()
 
 
@@ -178,15 +198,40 @@ def test_a_huge_learning_rate_never_saves_the_diverged_weights(tmp_path: Path, c
 
 def test_a_second_writer_is_refused_while_the_first_one_runs(tmp_path: Path, capsys) -> None:
     run_dir = tmp_path / "run"
-    first = forked(["train", "--out", str(run_dir), "--preset", "quick", "--epochs", "4",
-                    "checkpoint_steps=5", "seed=0", *TINY, *QUIET])
+    first = forked(
+        [
+            "train",
+            "--out",
+            str(run_dir),
+            "--preset",
+            "quick",
+            "--epochs",
+            "4",
+            "checkpoint_steps=5",
+            "seed=0",
+            *TINY,
+            *QUIET,
+        ]
+    )
     try:
         deadline = time.monotonic() + 300
         while not (run_dir / "checkpoints" / "last.pt").exists() and time.monotonic() < deadline:
             time.sleep(0.005)
         capsys.readouterr()
-        second = cli.main(["train", "--out", str(run_dir), "--preset", "quick", "--epochs", "1",
-                           "seed=1", *TINY, *QUIET])
+        second = cli.main(
+            [
+                "train",
+                "--out",
+                str(run_dir),
+                "--preset",
+                "quick",
+                "--epochs",
+                "1",
+                "seed=1",
+                *TINY,
+                *QUIET,
+            ]
+        )
         second_err = capsys.readouterr().err
         resume = cli.main(["train", "--resume", str(run_dir)])
         resume_err = capsys.readouterr().err
@@ -209,8 +254,12 @@ def test_a_second_writer_is_refused_while_the_first_one_runs(tmp_path: Path, cap
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory) -> Path:
     run_dir = tmp_path_factory.mktemp("finished") / "run"
-    assert cli.main(["train", "--out", str(run_dir), "--preset", "quick", "--epochs", "1",
-                     *TINY, *QUIET]) == 0
+    assert (
+        cli.main(
+            ["train", "--out", str(run_dir), "--preset", "quick", "--epochs", "1", *TINY, *QUIET]
+        )
+        == 0
+    )
     return run_dir
 
 
@@ -236,18 +285,23 @@ def unknown_argument(checkpoint: dict) -> None:
     checkpoint["model_config"]["colour"] = "red"
 
 
-@pytest.mark.parametrize(("change", "message"), [
-    (wider, "its weights do not fit the model its config describes (size mismatch for "),
-    (not_a_dict, "has a malformed 'model_config' entry (a str, expected dict)"),
-    (unknown_argument, "its model_config does not build a 'quick' model ("),
-])
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (wider, "its weights do not fit the model its config describes (size mismatch for "),
+        (not_a_dict, "has a malformed 'model_config' entry (a str, expected dict)"),
+        (unknown_argument, "its model_config does not build a 'quick' model ("),
+    ],
+)
 def test_checkpoints_whose_fields_do_not_fit_are_one_line_in_every_command(
     finished: Path, tmp_path: Path, capsys, change, message: str
 ) -> None:
     run_dir = altered(finished, tmp_path / "run", change)
     best = str(run_dir / "checkpoints" / "best.pt")
     commands = [
-        ["eval", best], ["heads", best], ["plot", best, "--out", str(tmp_path / "plots")],
+        ["eval", best],
+        ["heads", best],
+        ["plot", best, "--out", str(tmp_path / "plots")],
         ["explore", best, "--out", str(tmp_path / "site")],
     ]
     for argv in commands:
@@ -270,11 +324,15 @@ def tmpfs(tmp_path: Path):
     def mount(options: str) -> Path:
         point = tmp_path / f"mnt{len(mounted)}"
         point.mkdir()
-        result = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(point)],
-                                capture_output=True, text=True)
+        result = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(point)],
+            capture_output=True,
+            text=True,
+        )
         if result.returncode != 0:
-            pytest.skip(f"cannot mount a tmpfs here ({result.stderr.strip()}): needs root or "
-                        f"CAP_SYS_ADMIN")
+            pytest.skip(
+                f"cannot mount a tmpfs here ({result.stderr.strip()}): needs root or CAP_SYS_ADMIN"
+            )
         mounted.append(point)
         return point
 
@@ -285,11 +343,17 @@ def tmpfs(tmp_path: Path):
 
 def test_a_read_only_folder_is_one_line_naming_it(tmpfs, capsys) -> None:
     run_dir = tmpfs("ro,size=1m") / "run"
-    assert cli.main(["train", "--out", str(run_dir), "--preset", "quick", "--epochs", "1",
-                     *TINY, *QUIET]) == 2
+    assert (
+        cli.main(
+            ["train", "--out", str(run_dir), "--preset", "quick", "--epochs", "1", *TINY, *QUIET]
+        )
+        == 2
+    )
     err = one_line_error(capsys.readouterr().err)
-    assert err == (f"attnconv train: error: cannot write run folder {run_dir}: read-only file "
-                   f"system (EROFS); make {run_dir} writable or give another folder\n")
+    assert err == (
+        f"attnconv train: error: cannot write run folder {run_dir}: read-only file "
+        f"system (EROFS); make {run_dir} writable or give another folder\n"
+    )
 
 
 def test_a_full_disk_stops_with_one_line_and_keeps_the_previous_checkpoint(tmpfs, capsys) -> None:
@@ -297,8 +361,23 @@ def test_a_full_disk_stops_with_one_line_and_keeps_the_previous_checkpoint(tmpfs
     run_dir = disk / "run"
     # A checkpoint of this model is 37 kB: last.pt, best.pt and a temporary file fit in 120 kB,
     # epoch_0001.pt as well does not.
-    assert cli.main(["train", "--out", str(run_dir), "--preset", "quick", "--epochs", "2",
-                     "checkpoint_every=1", *TINY, *QUIET]) == 2
+    assert (
+        cli.main(
+            [
+                "train",
+                "--out",
+                str(run_dir),
+                "--preset",
+                "quick",
+                "--epochs",
+                "2",
+                "checkpoint_every=1",
+                *TINY,
+                *QUIET,
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err
     assert "Traceback" not in err
     last = run_dir / "checkpoints" / "last.pt"
@@ -307,7 +386,8 @@ def test_a_full_disk_stops_with_one_line_and_keeps_the_previous_checkpoint(tmpfs
     assert err.splitlines()[-1] == (
         f"attnconv train: error: cannot write {run_dir / 'checkpoints' / 'epoch_0001.pt'}: no "
         f"space left on the device (ENOSPC); the last good checkpoint is {last} (step 20), "
-        f"intact. Free space, then continue with: attnconv train --resume {run_dir}")
+        f"intact. Free space, then continue with: attnconv train --resume {run_dir}"
+    )
     assert temporaries(run_dir) == []
 
     subprocess.run(["mount", "-o", "remount,size=4m", str(disk)], check=True)
@@ -329,8 +409,9 @@ def test_checkpoints_get_the_mode_of_a_plain_open(finished: Path, tmp_path: Path
     assert (finished / "metrics.jsonl").stat().st_mode & 0o777 == 0o666 & ~mask
 
 
-def test_internal_bugs_keep_their_traceback_user_errors_do_not(finished: Path, monkeypatch,
-                                                               capsys) -> None:
+def test_internal_bugs_keep_their_traceback_user_errors_do_not(
+    finished: Path, monkeypatch, capsys
+) -> None:
     from attnconv.train import checkpoint
 
     def buggy(path, map_location="cpu"):  # a ValueError from inside torch: a bug, not the user's
@@ -345,7 +426,8 @@ def test_internal_bugs_keep_their_traceback_user_errors_do_not(finished: Path, m
     monkeypatch.undo()
     assert cli.main(["train", "--preset", "quick", "lr=-1"]) == 2
     assert one_line_error(capsys.readouterr().err) == (
-        "attnconv train: error: lr must be > 0, got -1.0\n")
+        "attnconv train: error: lr must be > 0, got -1.0\n"
+    )
 
 
 def test_downloads_get_the_mode_of_a_plain_open(tmp_path: Path, http_root) -> None:
@@ -355,8 +437,12 @@ def test_downloads_get_the_mode_of_a_plain_open(tmp_path: Path, http_root) -> No
     (root / "file.bin").write_bytes(b"attnconv")
     mask = os.umask(0o022)
     try:
-        path = fetch(url + "file.bin", tmp_path / "file.bin", "6a23cdc3ce5c1408ec6bcb3ff30a2e2a",
-                     manual_hint="")
+        path = fetch(
+            url + "file.bin",
+            tmp_path / "file.bin",
+            "6a23cdc3ce5c1408ec6bcb3ff30a2e2a",
+            manual_hint="",
+        )
     finally:
         os.umask(mask)
     assert path.stat().st_mode & 0o777 == 0o644
