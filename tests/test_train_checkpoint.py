@@ -3,6 +3,7 @@
 import os
 import pickle
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -127,3 +128,14 @@ def test_rng_state_round_trip() -> None:
     set_rng_state(state)
     assert torch.equal(torch.rand(5), first)
     assert state["torch"].dtype == torch.uint8 and state["cuda"] == []
+
+
+FIXTURE = Path(__file__).parent / "fixtures" / "checkpoint-v1"
+
+
+def test_version_1_checkpoint_still_gives_its_logits() -> None:
+    model, checkpoint = load_model(FIXTURE / "quick-digits.pt")
+    expected = torch.load(FIXTURE / "quick-digits-logits.pt", weights_only=True)
+    assert checkpoint["version"] == 1 and checkpoint["step"] == 22
+    with torch.no_grad():
+        torch.testing.assert_close(model(expected["images"]), expected["logits"], rtol=0, atol=0)
