@@ -12,17 +12,12 @@ from typing import Any
 
 from torch import nn
 
+from attnconv.data.statistics import DIGITS_MEAN, DIGITS_STD, FASHION_MNIST_MEAN, FASHION_MNIST_STD
 from attnconv.models.resnet import ResNet
 from attnconv.models.transformer import ImageTransformer
 
 SCHEDULES = ("cosine", "step")
 
-# Mean and std of scikit-learn's 8×8 digits on the [0, 1] scale (pixel values / 16).
-DIGITS_MEAN = (0.3053,)
-DIGITS_STD = (0.3759,)
-# Fashion-MNIST's training split (the 55000 images left after the seed-0 validation split).
-FASHION_MNIST_MEAN = (0.2859,)
-FASHION_MNIST_STD = (0.3529,)
 _FASHION_IMAGES: dict[str, Any] = {
     "in_channels": 1,
     "image_size": (28, 28),
