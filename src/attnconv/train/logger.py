@@ -13,6 +13,7 @@ from typing import Any
 from torch import nn
 from tqdm import tqdm
 
+from attnconv.models.modes import evaluating
 from attnconv.runs import write_atomic
 
 
@@ -80,12 +81,8 @@ class RunLogger:
         if hasattr(model, "attention_layers"):
             from attnconv.viz.figures import attention_figure
 
-            was_training = model.training
-            model.eval()
-            try:
+            with evaluating(model):
                 self.writer.add_figure("attention", attention_figure(model, image_size), step)
-            finally:
-                model.train(was_training)
         self.writer.flush()
 
     def metrics(self, records: list[dict[str, Any]]) -> None:

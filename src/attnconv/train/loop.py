@@ -42,6 +42,7 @@ from tqdm import tqdm
 from attnconv.data import BatchLoader, DataSplits, load_splits
 from attnconv.hardware import resolve_precision
 from attnconv.models import PRESETS, count_macs, count_parameters, create_model
+from attnconv.models.modes import evaluating
 from attnconv.models.presets import size_note
 from attnconv.runs import (
     RunFolderError,
@@ -138,20 +139,18 @@ def evaluation_sums(model: nn.Module, loader: BatchLoader, precision: str = "fp3
 
     The model is run in eval mode (and put back in its previous mode).
     """
-    was_training = model.training
-    model.eval()
     totals = torch.zeros(3, dtype=torch.float64, device=loader.device)
-    for images, labels in loader.epoch(0):
-        with autocast(precision, loader.device):
-            logits = model(images)
-        totals += torch.stack(
-            [
-                F.cross_entropy(logits.float(), labels, reduction="sum").double(),
-                (logits.argmax(dim=1) == labels).sum().double(),
-                torch.tensor(float(labels.shape[0]), dtype=torch.float64, device=loader.device),
-            ]
-        )
-    model.train(was_training)
+    with evaluating(model):
+        for images, labels in loader.epoch(0):
+            with autocast(precision, loader.device):
+                logits = model(images)
+            totals += torch.stack(
+                [
+                    F.cross_entropy(logits.float(), labels, reduction="sum").double(),
+                    (logits.argmax(dim=1) == labels).sum().double(),
+                    torch.tensor(float(labels.shape[0]), dtype=torch.float64, device=loader.device),
+                ]
+            )
     return totals.tolist()
 
 
@@ -478,13 +477,9 @@ class Trainer:
                 self._diverged(f"parameter {name} is no longer finite")
         if images is None or labels is None:
             return
-        self.model.eval()
-        try:
-            with self._autocast():
-                logits = self.model(images)
-            loss_sum = F.cross_entropy(logits.float(), labels, reduction="sum").item()
-        finally:
-            self.model.train()
+        with evaluating(self.model), self._autocast():
+            logits = self.model(images)
+        loss_sum = F.cross_entropy(logits.float(), labels, reduction="sum").item()
         total, seen = distributed.all_reduce_sum([loss_sum, float(labels.shape[0])], self.device)
         if not math.isfinite(total):
             self._diverged(f"the updated weights give a loss of {total / seen} on their last batch")
