@@ -45,12 +45,13 @@ from attnconv.models import PRESETS, count_macs, count_parameters, create_model
 from attnconv.models.modes import evaluating
 from attnconv.models.presets import size_note
 from attnconv.runs import (
+    RunDir,
     RunFolderError,
-    checkpoint_dir,
     is_full,
     locked_run,
     not_writable_hint,
     os_error_reason,
+    write_json,
 )
 from attnconv.train import distributed
 from attnconv.train.checkpoint import (
@@ -61,8 +62,8 @@ from attnconv.train.checkpoint import (
     save_checkpoint,
     set_rng_state,
 )
-from attnconv.train.config import TrainConfig
-from attnconv.train.logger import RunLogger, write_json
+from attnconv.train.config import TrainConfig, save_config
+from attnconv.train.logger import RunLogger
 from attnconv.train.schedule import LRSchedule, build_schedule
 
 CHECK_EVERY = 10  # steps between loss-finiteness checks and progress-bar updates
@@ -176,17 +177,17 @@ class Trainer:
         )
         self.requested_precision = config.precision
         config = dataclasses.replace(config, precision=precision)
-        self.config, self.run_dir, self.context = config, run_dir, context
-        self.checkpoints = checkpoint_dir(run_dir)
-        if not resume and (self.checkpoints / "last.pt").exists():
+        self.config, self.context = config, context
+        self.run = RunDir(run_dir)
+        if not resume and self.run.last.exists():
             raise RunFolderError(
                 f"{run_dir} already holds a run; continue it with --resume {run_dir} or give "
                 f"another --out"
             )
-        resumed = load_checkpoint(self.checkpoints / "last.pt") if resume else None
+        resumed = load_checkpoint(self.run.last) if resume else None
         if resumed is not None and resumed["preset"] != config.preset:
             raise CheckpointError(
-                f"{self.checkpoints / 'last.pt'} is a checkpoint of preset "
+                f"{self.run.last} is a checkpoint of preset "
                 f"{resumed['preset']!r}, but the run's config says {config.preset!r}"
             )
         self.data = self._load_data()
@@ -246,7 +247,7 @@ class Trainer:
             self.saved_step = self.step
             if context.is_main:
                 self._repair_epoch_copies(resumed)
-        self.logger = RunLogger(run_dir, config.epochs, context.is_main, config.tensorboard)
+        self.logger = RunLogger(self.run, config.epochs, context.is_main, config.tensorboard)
 
     # ------------------------------------------------------------------ set-up
 
@@ -267,7 +268,7 @@ class Trainer:
     def _build_model(self, resumed: dict[str, Any] | None) -> tuple[nn.Module, dict[str, Any]]:
         config = self.config
         if resumed is not None:
-            last = self.checkpoints / "last.pt"
+            last = self.run.last
             check_data_fits(resumed["model_config"], self.data, str(last))
             return build_model(resumed, last), dict(resumed["model_config"])
         if config.init is None:
@@ -333,7 +334,7 @@ class Trainer:
         return torch.optim.SGD(groups, lr=self.config.lr, momentum=self.config.momentum)
 
     def _restore(self, checkpoint: dict[str, Any]) -> None:
-        last = self.checkpoints / "last.pt"
+        last = self.run.last
         try:
             self.optimizer.load_state_dict(checkpoint["optimizer"])
             self.epoch, self.step = int(checkpoint["epoch"]), int(checkpoint["step"])
@@ -360,22 +361,21 @@ class Trainer:
         """The first epoch record with the highest validation accuracy (what best.pt holds)."""
         return max(self.metrics, key=lambda r: r["val_acc"], default=None)
 
-    def _epoch_copies(self, epoch: int) -> list[str]:
+    def _epoch_copies(self, epoch: int) -> list[Path]:
         """The files that, besides last.pt, hold the end-of-``epoch`` state."""
-        names = []
+        paths = []
         best = self._best_record()
         if best is not None and best["epoch"] == epoch:
-            names.append("best.pt")
+            paths.append(self.run.best)
         if self.config.checkpoint_every and epoch % self.config.checkpoint_every == 0:
-            names.append(f"epoch_{epoch:04d}.pt")
-        return names
+            paths.append(self.run.epoch_checkpoint(epoch))
+        return paths
 
     def _repair_epoch_copies(self, resumed: dict[str, Any]) -> None:
         """Write the copies of an end-of-epoch last.pt that a kill left missing or stale."""
         if resumed.get("epoch_progress") is not None or not self.metrics:
             return
-        for name in self._epoch_copies(self.epoch):
-            path = self.checkpoints / name
+        for path in self._epoch_copies(self.epoch):
             if _saved_position(path) != (self.epoch, self.step):
                 with self._writing(path):
                     save_checkpoint(resumed, path)
@@ -411,15 +411,14 @@ class Trainer:
             "epoch_progress": epoch_progress,
         }
 
-    def _save(self, checkpoint: dict[str, Any], *names: str) -> None:
-        """Write ``checkpoint`` to each of ``names`` in turn (main rank); RunFolderError if a write
+    def _save(self, checkpoint: dict[str, Any], *paths: Path) -> None:
+        """Write ``checkpoint`` to each of ``paths`` in turn (main rank); RunFolderError if a write
         fails, the files written before it staying valid."""
         if self.context.is_main:
-            for name in names:
-                path = self.checkpoints / name
+            for path in paths:
                 with self._writing(path):
                     save_checkpoint(checkpoint, path)
-                if name == "last.pt":
+                if path == self.run.last:
                     self.saved_step = checkpoint["step"]
 
     def _kept(self) -> str:
@@ -427,7 +426,7 @@ class Trainer:
         if self.saved_step is None:
             return "no checkpoint was saved yet"
         return (
-            f"the last good checkpoint is {self.checkpoints / 'last.pt'} (step {self.saved_step})"
+            f"the last good checkpoint is {self.run.last} (step {self.saved_step})"
         )
 
     @contextmanager
@@ -436,11 +435,11 @@ class Trainer:
         try:
             yield
         except OSError as err:
-            todo = "free space" if is_full(err) else not_writable_hint(self.run_dir)
+            todo = "free space" if is_full(err) else not_writable_hint(self.run.root)
             raise RunFolderError(
                 f"cannot write {path}: {os_error_reason(err)}; {self._kept()}, intact. "
                 f"{todo[0].upper()}{todo[1:]}, then continue with: attnconv train --resume "
-                f"{self.run_dir}"
+                f"{self.run.root}"
             ) from err
 
     # ------------------------------------------------------------------ loop
@@ -550,7 +549,7 @@ class Trainer:
                 totals = distributed.all_reduce_sum(sums.tolist(), self.device)
                 progress = dict(zip(("loss_sum", "correct", "seen"), totals, strict=True))
                 self._check_state(images, labels)
-                self._save(self._checkpoint(progress), "last.pt")
+                self._save(self._checkpoint(progress), self.run.last)
         bar.close()
         self._check_finite(sums)
         elapsed = time.perf_counter() - started
@@ -582,9 +581,9 @@ class Trainer:
     def fit(self) -> dict[str, Any]:
         config, logger = self.config, self.logger
         if self.context.is_main:
-            with self._writing(self.run_dir / "config.json"):
-                write_json(self.run_dir / "config.json", config.to_dict())
-        with self._writing(self.run_dir / "metrics.jsonl"):
+            with self._writing(self.run.config):
+                save_config(config, self.run.config)
+        with self._writing(self.run.metrics):
             logger.metrics(self.metrics)
         logger.print(
             f"{config.preset} on {config.dataset}: {count_parameters(self.model):,} parameters, "
@@ -628,8 +627,8 @@ class Trainer:
                 self.metrics.append(record)
                 logger.epoch(record, self.model, self.data.image_size)
                 # last.pt first: a kill before a copy is written is repaired by the resume.
-                self._save(self._checkpoint(None), "last.pt", *self._epoch_copies(self.epoch))
-                with self._writing(self.run_dir / "metrics.jsonl"):
+                self._save(self._checkpoint(None), self.run.last, *self._epoch_copies(self.epoch))
+                with self._writing(self.run.metrics):
                     logger.metrics(self.metrics)
             return self._finish()
         finally:
@@ -643,7 +642,7 @@ class Trainer:
         summary: dict[str, Any] = {}
         best = self._best_record()
         if self.context.is_main:
-            best_path = self.checkpoints / "best.pt"
+            best_path = self.run.best
             checkpoint = load_checkpoint(best_path)
             if (checkpoint["epoch"], checkpoint["step"]) != (best["epoch"], best["step"]):
                 raise RunFolderError(
@@ -675,13 +674,13 @@ class Trainer:
                 / train_time,
                 "best_checkpoint": str(best_path),
             }
-            with self._writing(self.run_dir / "summary.json"):
-                write_json(self.run_dir / "summary.json", summary)
+            with self._writing(self.run.summary):
+                write_json(self.run.summary, summary)
             self.logger.print(
                 f"best validation accuracy {best['val_acc']:.4f} at epoch {best['epoch']}; "
                 f"test accuracy of that checkpoint {test_acc:.4f} (loss {test_loss:.4f}); "
                 f"{train_time:.1f}s of training, {summary['images_per_s']:.0f} img/s; "
-                f"run folder {self.run_dir}"
+                f"run folder {self.run.root}"
             )
         distributed.barrier()
         return summary
