@@ -10,8 +10,8 @@ import torch
 
 from attnconv import cli
 from attnconv.models import ImageTransformer, create_model
+from attnconv.models.checkpoint import save_checkpoint
 from attnconv.models.heads import find_degenerate_heads, head_table, prune_degenerate_heads
-from attnconv.train.checkpoint import save_checkpoint
 
 CONFIG = {"hidden": 16, "depth": 2, "heads": 4, "mlp_dim": 16, "image_size": (12, 12)}
 

@@ -18,8 +18,8 @@ import torch.nn.functional as F
 from attnconv import cli
 from attnconv.data import BatchLoader, load_splits
 from attnconv.models import create_model
+from attnconv.models.checkpoint import load_checkpoint, load_model, save_checkpoint
 from attnconv.train import loop
-from attnconv.train.checkpoint import load_checkpoint, load_model, save_checkpoint
 from attnconv.train.config import resolve_config
 from attnconv.train.loop import NonFiniteLossError, train
 

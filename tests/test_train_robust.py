@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from attnconv import cli
 from attnconv.data import load_splits
-from attnconv.train.checkpoint import build_model, load_checkpoint, save_checkpoint
+from attnconv.models.checkpoint import build_model, load_checkpoint, save_checkpoint
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -412,7 +412,7 @@ def test_checkpoints_get_the_mode_of_a_plain_open(finished: Path, tmp_path: Path
 def test_internal_bugs_keep_their_traceback_user_errors_do_not(
     finished: Path, monkeypatch, capsys
 ) -> None:
-    from attnconv.train import checkpoint
+    from attnconv.models import checkpoint
 
     def buggy(path, map_location="cpu"):  # a ValueError from inside torch: a bug, not the user's
         return F.cross_entropy(torch.zeros(2, 3), torch.zeros(5, dtype=torch.long))

@@ -148,8 +148,8 @@ def analyse_run(run_dir: Path, figures: Path, data_dir: str | None) -> dict[str,
     """
     import torch
 
+    from attnconv.models.checkpoint import load_model
     from attnconv.models.presets import PRESETS, create_model
-    from attnconv.train.checkpoint import load_model
     from attnconv.viz.figures import plot_model, test_images
     from attnconv.viz.grid import layer_grid_scores
     from attnconv.viz.maps import compute_attention, is_position_only
@@ -264,9 +264,9 @@ def export_run(run_dir: Path, data: DataSplits, folder: Path) -> float:
     accuracy on ``data``'s test split (the run's dataset)."""
     from attnconv.data import BatchLoader
     from attnconv.hardware import machine_description
+    from attnconv.models.checkpoint import load_model
     from attnconv.models.presets import PRESETS
     from attnconv.models.pretrained import export_pretrained
-    from attnconv.train.checkpoint import load_model
     from attnconv.train.loop import evaluation_sums
 
     model, checkpoint = load_model(RunDir(run_dir).best)

@@ -5,7 +5,7 @@
     model, checkpoint = load_model("runs/quick/checkpoints/best.pt")
 """
 
-from attnconv.train.checkpoint import load_checkpoint, load_model, save_checkpoint
+from attnconv.models.checkpoint import load_checkpoint, load_model, save_checkpoint
 from attnconv.train.config import TrainConfig, resolve_config
 from attnconv.train.loop import NonFiniteLossError, train
 from attnconv.train.schedule import LRSchedule, build_schedule

@@ -82,7 +82,7 @@ def _resume_settings(args: argparse.Namespace) -> tuple[TrainConfig, Path]:
 def run(args: argparse.Namespace) -> int:
     from attnconv.cli import UsageError
     from attnconv.models import PRESETS
-    from attnconv.train.checkpoint import load_checkpoint
+    from attnconv.models.checkpoint import load_checkpoint
     from attnconv.train.config import resolve_config
     from attnconv.train.loop import NonFiniteLossError, train
 

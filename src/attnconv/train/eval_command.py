@@ -38,12 +38,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from attnconv.data import BatchLoader, load_splits
     from attnconv.hardware import resolve_precision
+    from attnconv.models.checkpoint import load_model
     from attnconv.models.pretrained import (
         checkpoint_or_pretrained,
         load_pretrained,
         pretrained_info,
     )
-    from attnconv.train.checkpoint import load_model
     from attnconv.train.distributed import select_device
     from attnconv.train.loop import check_data_fits, evaluation_sums
 

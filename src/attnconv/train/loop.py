@@ -42,6 +42,14 @@ from tqdm import tqdm
 from attnconv.data import BatchLoader, DataSplits, load_splits
 from attnconv.hardware import resolve_precision
 from attnconv.models import PRESETS, count_macs, count_parameters, create_model
+from attnconv.models.checkpoint import (
+    CheckpointError,
+    build_model,
+    load_checkpoint,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+)
 from attnconv.models.modes import evaluating
 from attnconv.models.presets import size_note
 from attnconv.runs import (
@@ -54,14 +62,6 @@ from attnconv.runs import (
     write_json,
 )
 from attnconv.train import distributed
-from attnconv.train.checkpoint import (
-    CheckpointError,
-    build_model,
-    load_checkpoint,
-    rng_state,
-    save_checkpoint,
-    set_rng_state,
-)
 from attnconv.train.config import TrainConfig, save_config
 from attnconv.train.logger import RunLogger
 from attnconv.train.schedule import LRSchedule, build_schedule

@@ -106,7 +106,7 @@ def plot_checkpoint(
     (``plot_model``). Models with content scores use the first ``max(num_images, image_index + 1)``
     test images of the checkpoint's dataset; Gaussian models of a run folder with
     ``checkpoints/epoch_*.pt`` also get their centres' trajectories."""
-    from attnconv.train.checkpoint import load_model
+    from attnconv.models.checkpoint import load_model
 
     path = checkpoint_path(path)
     model, checkpoint = load_model(path)

@@ -14,8 +14,8 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Rectangle
 
+from attnconv.models.checkpoint import load_checkpoint
 from attnconv.runs import RunDir
-from attnconv.train.checkpoint import load_checkpoint
 from attnconv.viz.style import QUERY_COLOR, new_figure, palette_color
 
 CENTERS_SUFFIX = "centers"

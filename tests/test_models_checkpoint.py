@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from attnconv.models import create_model
-from attnconv.train.checkpoint import (
+from attnconv.models.checkpoint import (
     FORMAT,
     load_checkpoint,
     load_model,
