@@ -274,23 +274,23 @@ def altered(finished: Path, folder: Path, change) -> Path:
 
 
 def wider(checkpoint: dict) -> None:
-    checkpoint["model_config"]["hidden"] = 32
+    checkpoint["arguments"]["hidden"] = 32
 
 
 def not_a_dict(checkpoint: dict) -> None:
-    checkpoint["model_config"] = "hidden=16"
+    checkpoint["arguments"] = "hidden=16"
 
 
 def unknown_argument(checkpoint: dict) -> None:
-    checkpoint["model_config"]["colour"] = "red"
+    checkpoint["arguments"]["colour"] = "red"
 
 
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        (wider, "its weights do not fit the model its config describes (size mismatch for "),
-        (not_a_dict, "has a malformed 'model_config' entry (a str, expected dict)"),
-        (unknown_argument, "its model_config does not build a 'quick' model ("),
+        (wider, "its weights do not fit the 'image_transformer' model its arguments describe (size mismatch for "),
+        (not_a_dict, "has a malformed 'arguments' entry (a str, expected dict)"),
+        (unknown_argument, "its arguments do not build a 'image_transformer' model ("),
     ],
 )
 def test_checkpoints_whose_fields_do_not_fit_are_one_line_in_every_command(

@@ -148,8 +148,8 @@ def analyse_run(run_dir: Path, figures: Path, data_dir: str | None) -> dict[str,
     """
     import torch
 
-    from attnconv.models.checkpoint import load_model
-    from attnconv.models.presets import PRESETS, create_model
+    from attnconv.models.checkpoint import construct, load_model
+    from attnconv.models.presets import PRESETS
     from attnconv.viz.figures import plot_model, test_images
     from attnconv.viz.grid import layer_grid_scores
     from attnconv.viz.maps import compute_attention, is_position_only
@@ -184,7 +184,7 @@ def analyse_run(run_dir: Path, figures: Path, data_dir: str | None) -> dict[str,
     )
     row.update(layer_summaries(plot.maps))
     torch.manual_seed(config["seed"])  # the initial weights of the run (train seeds the same way)
-    initial = create_model(checkpoint["preset"], **checkpoint["model_config"]).eval()
+    initial = construct(checkpoint["architecture"], checkpoint["arguments"], run.best).eval()
     initial_maps = compute_attention(initial, tuple(initial.image_size), images)
     row["grid_score_init"] = [score.score for score in layer_grid_scores(initial_maps)]
     return row
@@ -279,8 +279,8 @@ def export_run(run_dir: Path, data: DataSplits, folder: Path) -> float:
         preset.name,
         description=preset.description,
         dataset=checkpoint["dataset"],
-        architecture=preset.model,
-        arguments={**preset.model_kwargs, **checkpoint["model_config"]},
+        architecture=checkpoint["architecture"],
+        arguments=checkpoint["arguments"],
         test_accuracy=correct / seen,
         run={
             "command": f"attnconv reproduce {checkpoint['dataset']}",

@@ -41,17 +41,16 @@ from tqdm import tqdm
 
 from attnconv.data import BatchLoader, DataSplits, load_splits
 from attnconv.hardware import resolve_precision
-from attnconv.models import PRESETS, count_macs, count_parameters, create_model
+from attnconv.models import MODELS, PRESETS, count_macs, count_parameters
 from attnconv.models.checkpoint import (
     CheckpointError,
     build_model,
     load_checkpoint,
-    rng_state,
+    rebuild,
     save_checkpoint,
-    set_rng_state,
 )
 from attnconv.models.modes import evaluating
-from attnconv.models.presets import size_note
+from attnconv.models.presets import preset_arguments, size_note
 from attnconv.runs import (
     RunDir,
     RunFolderError,
@@ -62,6 +61,7 @@ from attnconv.runs import (
     write_json,
 )
 from attnconv.train import distributed
+from attnconv.train.checkpoint import rng_state, set_rng_state
 from attnconv.train.config import TrainConfig, save_config
 from attnconv.train.logger import RunLogger
 from attnconv.train.schedule import LRSchedule, build_schedule
@@ -96,7 +96,7 @@ def _dropout_seed(seed: int, rank: int) -> int:
 
 
 def data_model_config(data: DataSplits) -> dict[str, Any]:
-    """The ``create_model`` arguments a dataset fixes."""
+    """The model constructor arguments a dataset fixes."""
     return {
         "num_classes": data.num_classes,
         "in_channels": data.channels,
@@ -106,13 +106,14 @@ def data_model_config(data: DataSplits) -> dict[str, Any]:
     }
 
 
-def check_data_fits(model_config: dict[str, Any], data: DataSplits, source: str) -> None:
-    """ValueError if a checkpoint's model does not take ``data``'s images or classes."""
+def check_data_fits(arguments: dict[str, Any], data: DataSplits, source: str) -> None:
+    """ValueError if a model built with constructor ``arguments`` does not take ``data``'s images
+    or classes."""
     expected = data_model_config(data)
     for key in ("num_classes", "in_channels"):
-        if model_config.get(key) != expected[key]:
+        if arguments.get(key) != expected[key]:
             raise ValueError(
-                f"{source} has {key}={model_config.get(key)}, but dataset {data.name!r} has "
+                f"{source} has {key}={arguments.get(key)}, but dataset {data.name!r} has "
                 f"{expected[key]}: use the dataset the model was trained on"
             )
 
@@ -193,7 +194,7 @@ class Trainer:
         self.data = self._load_data()
 
         torch.manual_seed(config.seed)  # the same initial weights on every rank
-        model, self.model_config = self._build_model(resumed)
+        model, self.architecture, self.arguments = self._build_model(resumed)
         self.model = model.to(self.device)
         torch.manual_seed(_dropout_seed(config.seed, context.rank))
 
@@ -265,18 +266,21 @@ class Trainer:
             distributed.barrier()
         return data
 
-    def _build_model(self, resumed: dict[str, Any] | None) -> tuple[nn.Module, dict[str, Any]]:
+    def _build_model(self, resumed: dict[str, Any] | None) -> tuple[nn.Module, str, dict[str, Any]]:
+        """``(model, architecture, its full constructor arguments)`` (what checkpoints store)."""
         config = self.config
         if resumed is not None:
             last = self.run.last
-            check_data_fits(resumed["model_config"], self.data, str(last))
-            return build_model(resumed, last), dict(resumed["model_config"])
+            check_data_fits(resumed["arguments"], self.data, str(last))
+            architecture, arguments = resumed["architecture"], dict(resumed["arguments"])
+            return build_model(resumed, last), architecture, arguments
         if config.init is None:
-            model_config = {**config.model, **data_model_config(self.data)}
-            return create_model(config.preset, **model_config), model_config
+            overrides = {**config.model, **data_model_config(self.data)}
+            architecture, arguments = preset_arguments(config.preset, **overrides)
+            return MODELS[architecture](**arguments), architecture, arguments
         return self._pruned_init_model()
 
-    def _pruned_init_model(self) -> tuple[nn.Module, dict[str, Any]]:
+    def _pruned_init_model(self) -> tuple[nn.Module, str, dict[str, Any]]:
         """The ``--init`` checkpoint's model with its degenerate heads pruned."""
         from attnconv.models.heads import prune_degenerate_heads
 
@@ -306,20 +310,15 @@ class Trainer:
             raise ValueError(
                 f"{config.init} was trained on {init['dataset']!r}, not on {config.dataset!r}"
             )
-        check_data_fits(init["model_config"], self.data, str(config.init))
-        model_config = {**init["model_config"], **config.model}
-        model = create_model(config.preset, **model_config)
-        try:
-            model.load_state_dict(init["model"])
-        except RuntimeError as err:
-            raise ValueError(
-                f"the weights in {config.init} do not fit the model with overrides "
-                f"{config.model}: {str(err).splitlines()[0]}"
-            ) from err
+        check_data_fits(init["arguments"], self.data, str(config.init))
+        architecture, arguments = init["architecture"], {**init["arguments"], **config.model}
+        model = rebuild(
+            architecture, arguments, init["model"], f"{config.init} with {config.model}"
+        )
         summary = prune_degenerate_heads(model)
         if self.context.is_main:
             tqdm.write(f"{config.init}: {summary}")
-        return model, {**model_config, "heads": list(summary.heads)}
+        return model, architecture, {**arguments, "heads": list(summary.heads)}
 
     def _build_optimizer(self) -> torch.optim.SGD:
         no_decay = self.model.no_weight_decay_parameters()
@@ -399,10 +398,10 @@ class Trainer:
         return {
             "preset": self.config.preset,
             "dataset": self.config.dataset,
-            "model_config": self.model_config,
+            "architecture": self.architecture,
+            "arguments": self.arguments,
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.schedule.state_dict(),
             "rng": self._gathered_rng(),
             "epoch": self.epoch,
             "step": self.step,
@@ -425,9 +424,7 @@ class Trainer:
         """Which checkpoint holds the last good state, for error messages."""
         if self.saved_step is None:
             return "no checkpoint was saved yet"
-        return (
-            f"the last good checkpoint is {self.run.last} (step {self.saved_step})"
-        )
+        return f"the last good checkpoint is {self.run.last} (step {self.saved_step})"
 
     @contextmanager
     def _writing(self, path: Path) -> Iterator[None]:

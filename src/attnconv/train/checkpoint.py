@@ -1,0 +1,47 @@
+"""The training state a checkpoint carries besides the model and optimizer: the RNG states.
+
+Saving, loading and rebuilding checkpoints live in ``attnconv.models.checkpoint`` (also reachable
+as ``attnconv.train.load_model`` and friends); ``attnconv.train.checkpoint.load_model``, the name
+the README gave before, still works for one release and warns.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import torch
+
+_MOVED = ("load_model",)
+_warned: set[str] = set()
+
+
+def rng_state() -> dict[str, Any]:
+    """The global torch RNG states (CPU, and every CUDA device when CUDA is initialised)."""
+    state: dict[str, Any] = {"torch": torch.get_rng_state(), "cuda": []}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore states saved by ``rng_state``."""
+    torch.set_rng_state(state["torch"].cpu())
+    if state["cuda"]:
+        torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _MOVED:
+        raise AttributeError(f"module 'attnconv.train.checkpoint' has no attribute {name!r}")
+    if name not in _warned:
+        _warned.add(name)
+        warnings.warn(
+            f"attnconv.train.checkpoint.{name} moved to attnconv.models.checkpoint.{name} "
+            f"(also attnconv.train.{name}); the old name goes in the next release",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+    from attnconv.models import checkpoint
+
+    return getattr(checkpoint, name)
