@@ -119,6 +119,27 @@ def test_rebuild_errors_name_the_source() -> None:
         save_checkpoint({"preset": "quick", "dataset": "digits", "model": state}, "never.pt")
 
 
+SMALL = {
+    "image_transformer": {"hidden": 16, "depth": 1, "heads": 4, "head_dim": 4, "mlp_dim": 16},
+    "resnet18": {"widths": (4, 4, 4, 4)},
+}
+
+
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_every_preset_round_trips(tmp_path, preset) -> None:
+    torch.manual_seed(0)
+    model, entries = model_entries(preset, **SMALL[PRESETS[preset].model])
+    with torch.no_grad():  # move every parameter off its initial value
+        for parameter in model.parameters():
+            parameter.add_(0.01 * torch.randn_like(parameter))
+    save_checkpoint({**entries, "model": model.state_dict()}, tmp_path / "m.pt")
+    loaded, checkpoint = load_model(tmp_path / "m.pt")
+    assert checkpoint["arguments"] == entries["arguments"]
+    images = torch.rand(2, model.in_channels, *model.image_size)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(images), model.eval()(images), rtol=0, atol=0)
+
+
 class Unpicklable:
     """Fails half-way through ``torch.save``, like a crash in the middle of a write."""
 
