@@ -10,8 +10,9 @@ import torch
 
 from attnconv import cli
 from attnconv.models import ImageTransformer, create_model
+from attnconv.models.checkpoint import save_checkpoint
 from attnconv.models.heads import find_degenerate_heads, head_table, prune_degenerate_heads
-from attnconv.train.checkpoint import save_checkpoint
+from attnconv.models.presets import preset_arguments
 
 CONFIG = {"hidden": 16, "depth": 2, "heads": 4, "mlp_dim": 16, "image_size": (12, 12)}
 
@@ -139,7 +140,8 @@ def write_checkpoint(path, model, preset="quadratic-generalized"):
         {
             "preset": preset,
             "dataset": "cifar10",
-            "model_config": {**CONFIG, "num_classes": 10},
+            "architecture": "image_transformer",
+            "arguments": preset_arguments(preset, **CONFIG)[1],
             "model": model.state_dict(),
             "epoch": 7,
         },

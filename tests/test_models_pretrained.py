@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 
 import pytest
 import torch
 
-from attnconv.models import create_model
+from attnconv.models import ImageTransformer, create_model
 from attnconv.models.presets import PRESETS
 from attnconv.models.pretrained import (
     INDEX_NAME,
@@ -56,6 +57,9 @@ def test_round_trip_is_exact_and_in_eval_mode(tmp_path):
     info = pretrained_models(tmp_path)["tiny"]
     assert info.test_accuracy == 0.5 and info.dataset == "digits"
     assert info.arguments["mean"] == list(PRESETS["quick"].model_kwargs["mean"])
+    # Every constructor argument is listed, the defaults the preset does not set included.
+    assert list(info.arguments) == list(inspect.signature(ImageTransformer).parameters)
+    assert info.arguments["content"] is False and info.arguments["head_dim"] == 16
     # The file is plain safetensors: tensors only, readable without attnconv.
     from safetensors.torch import load_file
 
@@ -97,7 +101,8 @@ def test_weights_that_do_not_fit_the_arguments(tmp_path):
     index = json.loads((tmp_path / INDEX_NAME).read_text())
     index[0]["arguments"]["depth"] = 3
     (tmp_path / INDEX_NAME).write_text(json.dumps(index))
-    with pytest.raises(PretrainedError, match=r"do not fit 'tiny' .*missing: blocks.2"):
+    fit = r"^pretrained model 'tiny' \(.*tiny.safetensors\): its weights do not fit .*missing: blocks.2"
+    with pytest.raises(PretrainedError, match=fit):
         load_pretrained("tiny", tmp_path)
     (tmp_path / INDEX_NAME).write_text("[{")
     with pytest.raises(PretrainedError, match=r"index .* is corrupted"):

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from attnconv import reproduce
-from attnconv.models.presets import create_model
+from attnconv.models import create_model
 from attnconv.train.config import resolve_config
 from attnconv.train.loop import train
 from attnconv.viz.grid import layer_grid_scores

@@ -7,8 +7,8 @@ import torch
 from attnconv import cli
 from attnconv.convert.check import BATTERY
 from attnconv.hardware import resolve_precision
+from attnconv.models.checkpoint import load_checkpoint
 from attnconv.models.pretrained import pretrained_info
-from attnconv.train.checkpoint import load_checkpoint
 from attnconv.train.demo import SHIPPED
 
 

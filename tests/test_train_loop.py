@@ -17,10 +17,12 @@ import torch.nn.functional as F
 
 from attnconv import cli
 from attnconv.data import BatchLoader, load_splits
-from attnconv.models import create_model
+from attnconv.models import ImageTransformer, create_model
+from attnconv.models.checkpoint import load_checkpoint, load_model, save_checkpoint
+from attnconv.models.presets import preset_arguments
+from attnconv.runs import RunDir
 from attnconv.train import loop
-from attnconv.train.checkpoint import load_checkpoint, load_model, save_checkpoint
-from attnconv.train.config import resolve_config
+from attnconv.train.config import TrainConfig, resolve_config
 from attnconv.train.loop import NonFiniteLossError, train
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -136,6 +138,11 @@ def test_run_folder_contents_and_recipe(finished_run: Path) -> None:
 
     checkpoint = load_checkpoint(finished_run / "checkpoints" / "last.pt")
     assert checkpoint["epoch"] == 2 and checkpoint["step"] == 40
+    overrides = {**config["model"], **loop.data_model_config(load_splits("digits"))}
+    assert (checkpoint["architecture"], checkpoint["arguments"]) == preset_arguments(
+        "quick", **overrides
+    )
+    assert "scheduler" not in checkpoint  # the schedule is a function of the config and step
     assert checkpoint["epoch_progress"] is None and checkpoint["metrics"] == records
     decay, no_decay = checkpoint["optimizer"]["param_groups"]
     model, _ = load_model(finished_run / "checkpoints" / "last.pt")
@@ -149,7 +156,8 @@ def test_run_folder_contents_and_recipe(finished_run: Path) -> None:
 
 def independent_test_accuracy(path: Path) -> float:
     checkpoint = torch.load(path, weights_only=True)
-    model = create_model("quick", **checkpoint["model_config"])
+    assert checkpoint["architecture"] == "image_transformer"
+    model = ImageTransformer(**checkpoint["arguments"])
     model.load_state_dict(checkpoint["model"])
     test = load_splits("digits").test
     with torch.no_grad():
@@ -320,11 +328,28 @@ def test_prune_then_fine_tune(tmp_path) -> None:
     )
     assert code == 0
     pruned, saved = load_model(out / "checkpoints" / "last.pt")
-    assert saved["model_config"]["heads"] == [2, 3] and pruned.heads_per_layer() == [2, 3]
+    assert saved["arguments"]["heads"] == [2, 3] and pruned.heads_per_layer() == [2, 3]
     assert saved["preset"] == "quadratic-generalized-pruned" and saved["dataset"] == "digits"
     centers = pruned.attention_layers()[0].centers.detach()
     torch.testing.assert_close(centers, torch.tensor([[3.0, 3.0], [-3.0, -3.0]]), atol=0.2, rtol=0)
     assert json.loads((out / "config.json").read_text())["lr"] == 0.01
+
+
+def test_a_version_1_run_resumes_and_its_copies_are_rewritten_as_version_2(tmp_path) -> None:
+    fixture = Path(__file__).parent / "fixtures" / "checkpoint-v1" / "quick-digits.pt"
+    run = RunDir(tmp_path / "run")
+    run.checkpoints.mkdir(parents=True)
+    run.last.write_bytes(fixture.read_bytes())  # a finished 2-epoch run whose best.pt was lost
+    old = load_checkpoint(run.last)
+    config = TrainConfig.from_dict({**old["config"], "progress": False})
+    summary = train(config, run.root, resume=True)
+    best = torch.load(run.best, weights_only=True)
+    assert best["version"] == 2 and (best["epoch"], best["step"]) == (2, 22)
+    assert best["arguments"] == old["arguments"] and best["architecture"] == "image_transformer"
+    for name, tensor in old["model"].items():
+        assert torch.equal(best["model"][name], tensor)
+    assert summary["best_epoch"] == 2 and summary["parameters"] == 782
+    assert summary["test_acc"] == pytest.approx(0.17270194986072424, abs=1e-12)  # as at 6689da8
 
 
 # ---------------------------------------------------------------------------- commands

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from attnconv import cli, hardware
-from attnconv.train.checkpoint import load_checkpoint
+from attnconv.models.checkpoint import load_checkpoint
 from attnconv.train.config import resolve_config
 from attnconv.train.loop import autocast, train
 

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from attnconv import cli
 from attnconv.data import load_splits
-from attnconv.train.checkpoint import build_model, load_checkpoint, save_checkpoint
+from attnconv.models.checkpoint import build_model, load_checkpoint, save_checkpoint
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -274,23 +274,23 @@ def altered(finished: Path, folder: Path, change) -> Path:
 
 
 def wider(checkpoint: dict) -> None:
-    checkpoint["model_config"]["hidden"] = 32
+    checkpoint["arguments"]["hidden"] = 32
 
 
 def not_a_dict(checkpoint: dict) -> None:
-    checkpoint["model_config"] = "hidden=16"
+    checkpoint["arguments"] = "hidden=16"
 
 
 def unknown_argument(checkpoint: dict) -> None:
-    checkpoint["model_config"]["colour"] = "red"
+    checkpoint["arguments"]["colour"] = "red"
 
 
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        (wider, "its weights do not fit the model its config describes (size mismatch for "),
-        (not_a_dict, "has a malformed 'model_config' entry (a str, expected dict)"),
-        (unknown_argument, "its model_config does not build a 'quick' model ("),
+        (wider, "its weights do not fit the 'image_transformer' model its arguments describe (size mismatch for "),
+        (not_a_dict, "has a malformed 'arguments' entry (a str, expected dict)"),
+        (unknown_argument, "its arguments do not build a 'image_transformer' model ("),
     ],
 )
 def test_checkpoints_whose_fields_do_not_fit_are_one_line_in_every_command(
@@ -412,7 +412,7 @@ def test_checkpoints_get_the_mode_of_a_plain_open(finished: Path, tmp_path: Path
 def test_internal_bugs_keep_their_traceback_user_errors_do_not(
     finished: Path, monkeypatch, capsys
 ) -> None:
-    from attnconv.train import checkpoint
+    from attnconv.models import checkpoint
 
     def buggy(path, map_location="cpu"):  # a ValueError from inside torch: a bug, not the user's
         return F.cross_entropy(torch.zeros(2, 3), torch.zeros(5, dtype=torch.long))

@@ -9,7 +9,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from attnconv.models import checkpoint as models_checkpoint
 from attnconv.models import create_model
+from attnconv.models.presets import preset_arguments
 
 # Overrides that make an 8×8 one-channel model (the embedded digits) with a 1-token stem.
 DIGITS = {"in_channels": 1, "image_size": (8, 8), "mean": (0.3,), "std": (0.4,), "stem": 1}
@@ -43,26 +45,23 @@ def save_checkpoint(
     epoch: int = 1,
     dataset: str = "digits",
 ) -> Path:
-    """``torch.save`` a checkpoint in the contract format (model weights only matter here)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save(
-        {
-            "format": "attnconv-checkpoint",
-            "version": 1,
-            "preset": preset,
-            "model_config": model_config,
-            "model": model.state_dict(),
-            "optimizer": {},
-            "scheduler": {},
-            "rng": [],
-            "epoch": epoch,
-            "step": 10 * epoch,
-            "config": {},
-            "metrics": [],
-            "dataset": dataset,
-        },
-        path,
-    )
+    """Save ``model`` (built as ``create_model(preset, **model_config)``) as a checkpoint of
+    ``epoch`` with empty training state (the model is what matters here)."""
+    architecture, arguments = preset_arguments(preset, **model_config)
+    checkpoint = {
+        "preset": preset,
+        "dataset": dataset,
+        "architecture": architecture,
+        "arguments": arguments,
+        "model": model.state_dict(),
+        "optimizer": {},
+        "rng": [],
+        "epoch": epoch,
+        "step": 10 * epoch,
+        "config": {},
+        "metrics": [],
+    }
+    models_checkpoint.save_checkpoint(checkpoint, path)
     return path
 
 

@@ -22,6 +22,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from attnconv.runs import RunDir
+
 if TYPE_CHECKING:
     from attnconv.data import DataSplits
     from attnconv.viz.maps import AttentionMaps
@@ -94,9 +96,9 @@ def selected_presets(experiment: str, presets: list[str] | None) -> tuple[str, .
 def run_state(run_dir: Path) -> str:
     """``"finished"`` (summary.json written), ``"interrupted"`` (a checkpoint to resume from) or
     ``"new"``."""
-    if (run_dir / "summary.json").is_file():
+    if RunDir(run_dir).summary.is_file():
         return "finished"
-    if (run_dir / "checkpoints" / "last.pt").is_file():
+    if RunDir(run_dir).last.is_file():
         return "interrupted"
     return "new"
 
@@ -114,7 +116,7 @@ def train_run(
         return
     if state == "interrupted":
         print(f"{preset}: resuming {run_dir}")
-        train(load_config(run_dir / "config.json"), run_dir, resume=True)
+        train(load_config(RunDir(run_dir).config), run_dir, resume=True)
         return
     overrides = {"precision": precision, "checkpoint_every": 1}
     if data_dir is not None:
@@ -146,14 +148,15 @@ def analyse_run(run_dir: Path, figures: Path, data_dir: str | None) -> dict[str,
     """
     import torch
 
-    from attnconv.models.presets import PRESETS, create_model
-    from attnconv.train.checkpoint import load_model
-    from attnconv.viz.figures import plot_model, run_folder, test_images
+    from attnconv.models.checkpoint import construct, load_model
+    from attnconv.models.presets import PRESETS
+    from attnconv.viz.figures import plot_model, test_images
     from attnconv.viz.grid import layer_grid_scores
     from attnconv.viz.maps import compute_attention, is_position_only
 
-    summary = json.loads((run_dir / "summary.json").read_text())
-    config = json.loads((run_dir / "config.json").read_text())
+    run = RunDir(run_dir)
+    summary = json.loads(run.summary.read_text())
+    config = json.loads(run.config.read_text())
     row: dict[str, Any] = {
         "preset": summary["preset"],
         "epochs": summary["epochs"],
@@ -171,18 +174,17 @@ def analyse_run(run_dir: Path, figures: Path, data_dir: str | None) -> dict[str,
     }
     if PRESETS[row["preset"]].model != "image_transformer":
         return row
-    best = run_dir / "checkpoints" / "best.pt"
-    model, checkpoint = load_model(best)
+    model, checkpoint = load_model(run.best)
     images = labels = None
     if not is_position_only(model):
         images, labels = test_images(checkpoint["dataset"], AVERAGE_IMAGES, data_dir)
     name = f"{checkpoint['preset']}, epoch {checkpoint['epoch']}"
     plot = plot_model(
-        model, figures, name, images, labels, num_images=AVERAGE_IMAGES, run=run_folder(best)
+        model, figures, name, images, labels, num_images=AVERAGE_IMAGES, run=run
     )
     row.update(layer_summaries(plot.maps))
     torch.manual_seed(config["seed"])  # the initial weights of the run (train seeds the same way)
-    initial = create_model(checkpoint["preset"], **checkpoint["model_config"]).eval()
+    initial = construct(checkpoint["architecture"], checkpoint["arguments"], run.best).eval()
     initial_maps = compute_attention(initial, tuple(initial.image_size), images)
     row["grid_score_init"] = [score.score for score in layer_grid_scores(initial_maps)]
     return row
@@ -262,23 +264,23 @@ def export_run(run_dir: Path, data: DataSplits, folder: Path) -> float:
     accuracy on ``data``'s test split (the run's dataset)."""
     from attnconv.data import BatchLoader
     from attnconv.hardware import machine_description
+    from attnconv.models.checkpoint import load_model
     from attnconv.models.presets import PRESETS
     from attnconv.models.pretrained import export_pretrained
-    from attnconv.train.checkpoint import load_model
     from attnconv.train.loop import evaluation_sums
 
-    model, checkpoint = load_model(run_dir / "checkpoints" / "best.pt")
+    model, checkpoint = load_model(RunDir(run_dir).best)
     preset = PRESETS[checkpoint["preset"]]
     loader = BatchLoader(data.test, 500, device="cpu", train=False, flip=False)
     _, correct, seen = evaluation_sums(model, loader, "fp32")
-    summary = json.loads((run_dir / "summary.json").read_text())
+    summary = json.loads(RunDir(run_dir).summary.read_text())
     export_pretrained(
         model,
         preset.name,
         description=preset.description,
         dataset=checkpoint["dataset"],
-        architecture=preset.model,
-        arguments={**preset.model_kwargs, **checkpoint["model_config"]},
+        architecture=checkpoint["architecture"],
+        arguments=checkpoint["arguments"],
         test_accuracy=correct / seen,
         run={
             "command": f"attnconv reproduce {checkpoint['dataset']}",

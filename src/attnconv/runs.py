@@ -1,11 +1,14 @@
 """The run folder: its paths, the lock that gives it one writer, and the one atomic file writer.
 
-A run folder holds ``config.json``, ``metrics.jsonl``, ``summary.json``, ``checkpoints/*.pt`` and
-``.lock``. A process that writes the folder holds an exclusive ``flock`` on ``.lock`` for as long
-as it runs (the kernel drops it when the process dies, also by SIGKILL); a second writer is refused
-with the holder's process id. Every file is written by ``write_atomic``: a temporary file in the
-same folder, flushed to disk, renamed over the target, so a reader or a crash sees the old file or
-the new one. Temporary files a killed writer left behind are removed by the next lock holder.
+A run folder (``RunDir``) holds ``config.json`` (the training config), ``metrics.jsonl`` (one JSON
+record per finished epoch), ``summary.json`` (written when the run ends), ``tensorboard/``,
+``checkpoints/`` (``last.pt``, ``best.pt``, ``epoch_NNNN.pt``) and ``.lock``. A process that writes
+the folder holds an exclusive ``flock`` on ``.lock`` for as long as it runs (the kernel drops it
+when the process dies, also by SIGKILL); a second writer is refused with the holder's process id.
+Every file is written by ``write_atomic`` (or ``write_text_atomic``/``write_json`` on top of it): a
+temporary file in the same folder, flushed to disk, renamed over the target, so a reader or a
+crash sees the old file or the new one. Temporary files a killed writer left behind are removed by
+the next lock holder.
 """
 
 from __future__ import annotations
@@ -19,20 +22,76 @@ import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from attnconv.errors import UserError
 
-LOCK_NAME = ".lock"
 TMP_SUFFIX = ".tmp"
+CHECKPOINTS = "checkpoints"
 
 
 class RunFolderError(UserError):
     """The run folder cannot be used: held by another process, not writable, or full."""
 
 
-def checkpoint_dir(run_dir: str | Path) -> Path:
-    return Path(run_dir) / "checkpoints"
+@dataclass(frozen=True)
+class RunDir:
+    """The paths of the run folder ``root`` (see the module docstring); nothing is read or made."""
+
+    root: Path
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "root", Path(self.root))
+
+    @classmethod
+    def of_checkpoint(cls, checkpoint: str | Path) -> RunDir | None:
+        """The run folder of a checkpoint stored as ``ROOT/checkpoints/NAME.pt``, else None."""
+        parent = Path(checkpoint).resolve().parent
+        return cls(parent.parent) if parent.name == CHECKPOINTS else None
+
+    @property
+    def config(self) -> Path:
+        return self.root / "config.json"
+
+    @property
+    def metrics(self) -> Path:
+        return self.root / "metrics.jsonl"
+
+    @property
+    def summary(self) -> Path:
+        return self.root / "summary.json"
+
+    @property
+    def tensorboard(self) -> Path:
+        return self.root / "tensorboard"
+
+    @property
+    def lock(self) -> Path:
+        return self.root / ".lock"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / CHECKPOINTS
+
+    @property
+    def last(self) -> Path:
+        """The newest state of the run (also mid-epoch): what a resume starts from."""
+        return self.checkpoints / "last.pt"
+
+    @property
+    def best(self) -> Path:
+        """The epoch with the best validation accuracy so far."""
+        return self.checkpoints / "best.pt"
+
+    def epoch_checkpoint(self, epoch: int) -> Path:
+        """The copy kept of the end of ``epoch`` (1-based) when ``checkpoint_every`` asks for it."""
+        return self.checkpoints / f"epoch_{epoch:04d}.pt"
+
+    def epoch_checkpoints(self) -> list[Path]:
+        """The ``epoch_NNNN.pt`` files present, in epoch order."""
+        return sorted(self.checkpoints.glob("epoch_*.pt"))
 
 
 def plain_file_mode() -> int:
@@ -62,6 +121,16 @@ def write_atomic(path: str | Path, data: bytes | memoryview) -> None:
         Path(tmp).unlink(missing_ok=True)
         raise
     _fsync_directory(path.parent)
+
+
+def write_text_atomic(path: str | Path, text: str) -> None:
+    """Write ``text`` (UTF-8) to ``path`` with ``write_atomic``."""
+    write_atomic(path, text.encode())
+
+
+def write_json(path: str | Path, value: Any) -> None:
+    """Write ``value`` as indented JSON (and a final newline) with ``write_atomic``."""
+    write_text_atomic(path, json.dumps(value, indent=2) + "\n")
 
 
 def _fsync_directory(folder: Path) -> None:
@@ -119,9 +188,9 @@ def locked_run(run_dir: str | Path) -> Iterator[Path]:
     another process holds the lock or the folder cannot be created or written.
     """
     run_dir = Path(run_dir)
-    lock_path = run_dir / LOCK_NAME
+    lock_path = RunDir(run_dir).lock
     try:
-        checkpoint_dir(run_dir).mkdir(parents=True, exist_ok=True)
+        RunDir(run_dir).checkpoints.mkdir(parents=True, exist_ok=True)
         fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o666)
     except OSError as err:
         raise RunFolderError(
@@ -153,7 +222,7 @@ def remove_stale_temporaries(run_dir: Path) -> list[Path]:
     """Delete the ``.NAME.*.tmp`` files of interrupted writes in ``run_dir`` and its checkpoints
     folder (call it only while holding the lock); returns what was removed."""
     removed = []
-    for folder in (run_dir, checkpoint_dir(run_dir)):
+    for folder in (run_dir, RunDir(run_dir).checkpoints):
         for path in folder.glob(f".*{TMP_SUFFIX}"):
             if path.is_file():
                 path.unlink(missing_ok=True)

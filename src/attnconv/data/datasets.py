@@ -9,8 +9,7 @@
 
 The validation split is carved from the official training set by a permutation seeded with
 ``seed``; the test set is never touched (digits has no official test set: see ``digits.py``).
-For CIFAR-10 the normalisation is the paper's (mean (0.4914, 0.4822, 0.4465), std (0.2023, 0.1994,
-0.2010)); for the others it is each channel's mean and population std over the training split
+For CIFAR-10 the normalisation is the paper's (``attnconv.data.statistics.CIFAR10_MEAN``/``STD``); for the others it is each channel's mean and population std over the training split
 actually returned (after the validation carve), on the [0, 1] scale.
 
 Files live under ``data_dir``; by default ``$ATTNCONV_DATA``, else ``~/.cache/attnconv``.
@@ -25,6 +24,7 @@ from attnconv.data.cifar import load_cifar
 from attnconv.data.digits import load_digits_sets
 from attnconv.data.fashion_mnist import load_fashion_mnist
 from attnconv.data.splits import DataSplits, ImageSet, carve_validation, channel_stats
+from attnconv.data.statistics import CIFAR10_MEAN, CIFAR10_STD
 
 DATASETS: tuple[str, ...] = ("cifar10", "cifar100", "fashion-mnist", "digits")
 
@@ -34,8 +34,6 @@ DEFAULT_VAL_SIZE: dict[str, int | float] = {
     "fashion-mnist": 5000,
     "digits": 0.1,
 }
-CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
-CIFAR10_STD = (0.2023, 0.1994, 0.2010)
 
 
 def default_data_dir() -> Path:

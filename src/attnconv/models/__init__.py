@@ -1,7 +1,8 @@
 """The paper's models (image transformer, CIFAR ResNet-18), presets and head analysis."""
 
 from attnconv.models.complexity import count_macs, count_parameters
-from attnconv.models.presets import MODELS, PRESETS, Preset, Recipe, create_model
+from attnconv.models.factory import create_model
+from attnconv.models.presets import MODELS, PRESETS, Preset, Recipe
 from attnconv.models.resnet import ResNet, resnet18
 from attnconv.models.transformer import ImageTransformer
 

@@ -24,8 +24,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from attnconv.models.checkpoint import load_model
     from attnconv.models.heads import head_table
-    from attnconv.train.checkpoint import load_model
 
     model, checkpoint = load_model(args.checkpoint)
     rows = head_table(model, args.min_spread, args.max_condition)

@@ -20,8 +20,8 @@ def _human(count: int) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from attnconv.models import PRESETS, create_model
     from attnconv.models.complexity import count_macs, count_parameters
-    from attnconv.models.presets import PRESETS, create_model
 
     if args.num_classes < 1:
         raise ValueError(f"--num-classes must be >= 1, got {args.num_classes}")

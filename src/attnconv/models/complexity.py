@@ -6,6 +6,8 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 
+from attnconv.models.modes import evaluating
+
 
 def count_parameters(model: nn.Module) -> int:
     """Number of scalar parameters (buffers such as the normalisation constants excluded)."""
@@ -33,14 +35,10 @@ def count_macs(model: nn.Module, image_size: tuple[int, int] | None = None) -> i
     height, width = model.image_size if image_size is None else image_size
     device = next(model.parameters()).device
     images = torch.rand(1, model.in_channels, height, width, device=device)
-    was_training = model.training
-    model.eval()
-    try:
-        with (
-            torch.no_grad(),
-            FlopCounterMode(display=False, custom_mapping=_EXTRA_FORMULAS) as counter,
-        ):
-            model(images)
-    finally:
-        model.train(was_training)
+    with (
+        evaluating(model),
+        torch.no_grad(),
+        FlopCounterMode(display=False, custom_mapping=_EXTRA_FORMULAS) as counter,
+    ):
+        model(images)
     return counter.get_total_flops() // 2

@@ -1,4 +1,8 @@
-"""Named model configurations with their training recipes, and ``create_model``.
+"""Named model configurations with their training recipes, and their constructor arguments.
+
+``MODELS`` names the architectures; ``preset_arguments`` gives every constructor argument of a
+preset's model (``attnconv.models.create_model`` builds it, ``attnconv.models.checkpoint`` saves
+them).
 
 Every preset of the paper (docs/theory.md §4), ``quick`` (a small model for a CPU demo) and the
 Fashion-MNIST scale-downs (``*-fashion``, see the comment above ``PRESETS``).
@@ -7,22 +11,18 @@ Fashion-MNIST scale-downs (``*-fashion``, see the comment above ``PRESETS``).
 from __future__ import annotations
 
 import inspect
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from torch import nn
 
+from attnconv.data.statistics import DIGITS_MEAN, DIGITS_STD, FASHION_MNIST_MEAN, FASHION_MNIST_STD
 from attnconv.models.resnet import ResNet
 from attnconv.models.transformer import ImageTransformer
 
 SCHEDULES = ("cosine", "step")
 
-# Mean and std of scikit-learn's 8×8 digits on the [0, 1] scale (pixel values / 16).
-DIGITS_MEAN = (0.3053,)
-DIGITS_STD = (0.3759,)
-# Fashion-MNIST's training split (the 55000 images left after the seed-0 validation split).
-FASHION_MNIST_MEAN = (0.2859,)
-FASHION_MNIST_STD = (0.3529,)
 _FASHION_IMAGES: dict[str, Any] = {
     "in_channels": 1,
     "image_size": (28, 28),
@@ -230,6 +230,47 @@ def model_arguments(model: str) -> tuple[str, ...]:
     return tuple(inspect.signature(MODELS[model]).parameters)
 
 
+def full_arguments(architecture: str, arguments: Mapping[str, Any]) -> dict[str, Any]:
+    """Every constructor argument of ``MODELS[architecture]``: ``arguments`` and, for those not
+    given, the constructor's current defaults. This is what checkpoints and the pretrained index
+    store, so that a later edit of a preset or of a default never changes how a saved model is
+    rebuilt. ValueError naming unknown architectures or arguments."""
+    if architecture not in MODELS:
+        raise ValueError(
+            f"unknown architecture {architecture!r}; valid architectures: {', '.join(MODELS)}"
+        )
+    signature = inspect.signature(MODELS[architecture])
+    unknown = sorted(set(arguments) - set(signature.parameters))
+    if unknown:
+        raise ValueError(
+            f"unknown argument(s) {', '.join(map(repr, unknown))} for {architecture!r}; valid: "
+            f"{', '.join(signature.parameters)}"
+        )
+    bound = signature.bind_partial(**arguments)
+    bound.apply_defaults()
+    return dict(bound.arguments)
+
+
+def preset_arguments(
+    name: str, num_classes: int = 10, **overrides: Any
+) -> tuple[str, dict[str, Any]]:
+    """``(architecture, every constructor argument)`` of preset ``name`` with ``num_classes``
+    outputs and ``overrides`` replacing the preset's arguments; ``create_model`` builds exactly
+    ``MODELS[architecture](**arguments)``. ValueError listing the valid presets or override keys."""
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; valid presets: {', '.join(PRESETS)}")
+    preset = PRESETS[name]
+    valid = model_arguments(preset.model)
+    unknown = sorted(set(overrides) - set(valid))
+    if unknown:
+        raise ValueError(
+            f"unknown override(s) {', '.join(map(repr, unknown))} for preset {name!r}; valid "
+            f"keys: {', '.join(valid)}"
+        )
+    arguments = {**preset.model_kwargs, **overrides, "num_classes": num_classes}
+    return preset.model, full_arguments(preset.model, arguments)
+
+
 def size_note(
     preset: str, dataset: str, image_size: tuple[int, int], overrides: dict[str, Any] | None = None
 ) -> str | None:
@@ -257,40 +298,3 @@ def size_note(
         f"{image_size[0]}x{image_size[1]} images give it {tokens} ({ratio:.0f}x) and epochs will "
         f"be slow ({advice}or a coarser stem, model.stem=N)"
     )
-
-
-def create_model(
-    name: str, num_classes: int = 10, pretrained: bool = False, **overrides: Any
-) -> nn.Module:
-    """Build the model of preset ``name`` with ``num_classes`` outputs.
-
-    ``overrides`` replace the preset's constructor arguments (e.g. ``in_channels``,
-    ``image_size``, ``mean``, ``std``, ``hidden``, ``heads``). Unknown preset names or override
-    keys raise a ValueError listing the valid ones.
-
-    ``pretrained=True`` returns the trained model shipped with the package under that name
-    (``attnconv.models.pretrained``), in eval mode; it takes no overrides and its own number of
-    classes.
-    """
-    if pretrained:
-        from attnconv.models.pretrained import load_pretrained, pretrained_info
-
-        info = pretrained_info(name)
-        if overrides or num_classes != info.arguments["num_classes"]:
-            raise ValueError(
-                f"pretrained model {name!r} is built as it was trained ({info.arguments['num_classes']}"
-                f" classes); build it without overrides, or fine-tune it for other settings"
-            )
-        return load_pretrained(name)
-    if name not in PRESETS:
-        raise ValueError(f"unknown preset {name!r}; valid presets: {', '.join(PRESETS)}")
-    preset = PRESETS[name]
-    valid = model_arguments(preset.model)
-    unknown = sorted(set(overrides) - set(valid))
-    if unknown:
-        raise ValueError(
-            f"unknown override(s) {', '.join(map(repr, unknown))} for preset {name!r}; valid "
-            f"keys: {', '.join(valid)}"
-        )
-    kwargs = {**preset.model_kwargs, **overrides, "num_classes": num_classes}
-    return MODELS[preset.model](**kwargs)

@@ -27,7 +27,8 @@ import torch
 from torch import nn
 
 from attnconv.errors import UserError
-from attnconv.models.presets import MODELS
+from attnconv.models.checkpoint import rebuild
+from attnconv.models.presets import full_arguments
 from attnconv.runs import write_atomic
 
 WEIGHTS_DIR = Path(__file__).with_name("weights")
@@ -122,20 +123,9 @@ def load_pretrained(name: str, folder: str | Path = WEIGHTS_DIR) -> nn.Module:
     """
     folder = Path(folder)
     info = pretrained_info(name, folder)
-    if info.architecture not in MODELS:
-        raise PretrainedError(
-            f"pretrained model {name!r} needs architecture {info.architecture!r}, which this "
-            f"version of attnconv does not have"
-        )
     state = _read_weights(info, folder)
-    model = MODELS[info.architecture](**info.arguments)
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    if missing or unexpected:
-        raise PretrainedError(
-            f"the weights in {folder / info.file} do not fit {name!r} (missing: "
-            f"{', '.join(missing) or 'none'}; unexpected: {', '.join(unexpected) or 'none'})"
-        )
-    return model.eval()
+    source = f"pretrained model {name!r} ({folder / info.file})"
+    return rebuild(info.architecture, info.arguments, state, source, PretrainedError).eval()
 
 
 def export_pretrained(
@@ -152,7 +142,8 @@ def export_pretrained(
 ) -> PretrainedInfo:
     """Write ``model``'s weights as ``folder/NAME.safetensors`` and its entry into ``index.json``
     (replacing an entry of the same name). ``arguments`` must rebuild ``model`` through
-    ``MODELS[architecture]``; that is checked by loading the file back."""
+    ``MODELS[architecture]``; that is checked by loading the file back. The entry lists every
+    constructor argument (``full_arguments``), defaults included."""
     from safetensors.torch import save
 
     folder = Path(folder)
@@ -165,7 +156,7 @@ def export_pretrained(
         description=description,
         dataset=dataset,
         architecture=architecture,
-        arguments=json.loads(json.dumps(dict(arguments))),
+        arguments=json.loads(json.dumps(full_arguments(architecture, arguments))),
         file=file,
         sha256=file_sha256(folder / file),
         test_accuracy=float(test_accuracy),

@@ -8,10 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from attnconv.data.statistics import CIFAR10_MEAN, CIFAR10_STD
 from attnconv.models.normalize import Normalize, check_images
-
-CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
-CIFAR10_STD = (0.2023, 0.1994, 0.2010)
 
 
 class BasicBlock(nn.Module):

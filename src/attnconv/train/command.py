@@ -56,8 +56,8 @@ def _flag_overrides(args: argparse.Namespace) -> list[str]:
 
 def _resume_settings(args: argparse.Namespace) -> tuple[TrainConfig, Path]:
     from attnconv.cli import UsageError
+    from attnconv.runs import RunDir
     from attnconv.train.config import load_config
-    from attnconv.train.loop import checkpoint_dir
 
     run_dir = Path(args.resume)
     given = [name for name in ("dataset", "out", "init") if getattr(args, name) is not None]
@@ -68,10 +68,10 @@ def _resume_settings(args: argparse.Namespace) -> tuple[TrainConfig, Path]:
         )
     if not run_dir.is_dir():
         raise FileNotFoundError(f"run folder {run_dir} does not exist")
-    last = checkpoint_dir(run_dir) / "last.pt"
+    last = RunDir(run_dir).last
     if not last.is_file():
         raise FileNotFoundError(f"{run_dir} has no checkpoint to resume from (no {last})")
-    config = load_config(run_dir / "config.json")
+    config = load_config(RunDir(run_dir).config)
     if args.preset is not None and args.preset != config.preset:
         raise ValueError(
             f"{run_dir} is a run of preset {config.preset!r}, not {args.preset!r}"
@@ -82,7 +82,7 @@ def _resume_settings(args: argparse.Namespace) -> tuple[TrainConfig, Path]:
 def run(args: argparse.Namespace) -> int:
     from attnconv.cli import UsageError
     from attnconv.models import PRESETS
-    from attnconv.train.checkpoint import load_checkpoint
+    from attnconv.models.checkpoint import load_checkpoint
     from attnconv.train.config import resolve_config
     from attnconv.train.loop import NonFiniteLossError, train
 

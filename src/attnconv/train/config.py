@@ -225,8 +225,10 @@ def check_config(config: TrainConfig) -> None:
 
 
 def save_config(config: TrainConfig, path: str | Path) -> None:
-    """Write ``config`` as indented JSON."""
-    Path(path).write_text(json.dumps(config.to_dict(), indent=2) + "\n")
+    """Write ``config`` as indented JSON, atomically."""
+    from attnconv.runs import write_json
+
+    write_json(path, config.to_dict())
 
 
 def load_config(path: str | Path) -> TrainConfig:

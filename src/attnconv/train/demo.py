@@ -39,8 +39,8 @@ def run_demo(out_dir: str | Path, epochs: int = EPOCHS, progress: bool = True) -
     ``epochs``: training length (the cosine schedule spans it).
     """
     from attnconv.convert.check import format_battery, run_battery
+    from attnconv.runs import RunDir, write_json
     from attnconv.train.config import resolve_config
-    from attnconv.train.logger import write_json
     from attnconv.train.loop import train
     from attnconv.viz.figures import plot_checkpoint
     from attnconv.viz.report import load_run, report_figure
@@ -75,7 +75,7 @@ def run_demo(out_dir: str | Path, epochs: int = EPOCHS, progress: bool = True) -
     summary = train(config, out / "run")
 
     tqdm.write("3/4  Figures")
-    result = plot_checkpoint(out / "run" / "checkpoints" / "best.pt", out / "figures")
+    result = plot_checkpoint(RunDir(out / "run").best, out / "figures")
     files = [
         *result.files,
         *save_figure(report_figure([load_run(out / "run")]), out / "figures", "accuracy"),

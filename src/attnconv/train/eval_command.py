@@ -38,12 +38,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from attnconv.data import BatchLoader, load_splits
     from attnconv.hardware import resolve_precision
+    from attnconv.models.checkpoint import load_model
     from attnconv.models.pretrained import (
         checkpoint_or_pretrained,
         load_pretrained,
         pretrained_info,
     )
-    from attnconv.train.checkpoint import load_model
     from attnconv.train.distributed import select_device
     from attnconv.train.loop import check_data_fits, evaluation_sums
 
@@ -53,17 +53,17 @@ def run(args: argparse.Namespace) -> int:
     if checkpoint_or_pretrained(args.checkpoint, args.pretrained) == "pretrained":
         info = pretrained_info(args.pretrained)
         model = load_pretrained(args.pretrained).to(device)
-        model_config, config = info.arguments, {}
+        arguments, config = info.arguments, {}
         trained_on = info.dataset
         name = f"{args.pretrained} (shipped; stated test accuracy {info.test_accuracy:.4f})"
     else:
         model, checkpoint = load_model(args.checkpoint, map_location=device)
-        model_config, config = checkpoint["model_config"], checkpoint.get("config", {})
+        arguments, config = checkpoint["arguments"], checkpoint.get("config", {})
         trained_on = checkpoint["dataset"]
         name = f"{args.checkpoint} ({checkpoint['preset']}, epoch {checkpoint.get('epoch', '?')})"
     dataset = args.dataset or trained_on
     data = load_splits(dataset, args.data_dir, config.get("val_size"), seed=config.get("seed", 0))
-    check_data_fits(model_config, data, name)
+    check_data_fits(arguments, data, name)
     images = data.test if args.split == "test" else data.val
     loader = BatchLoader(images, args.batch_size, device=device, train=False, flip=False)
     precision = resolve_precision(args.precision, device)

@@ -7,23 +7,13 @@ records after each checkpoint, so it always matches ``checkpoints/last.pt``, als
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 from torch import nn
 from tqdm import tqdm
 
-from attnconv.runs import write_atomic
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    """Write ``text`` (UTF-8) to ``path`` through a temporary file, fsync and a rename."""
-    write_atomic(path, text.encode())
-
-
-def write_json(path: Path, value: Any) -> None:
-    """Write ``value`` as indented JSON, atomically."""
-    write_text_atomic(path, json.dumps(value, indent=2) + "\n")
+from attnconv.models.modes import evaluating
+from attnconv.runs import RunDir, write_text_atomic
 
 
 def format_record(record: dict[str, Any], epochs: int) -> str:
@@ -40,20 +30,20 @@ class RunLogger:
     """Console, ``metrics.jsonl`` and TensorBoard output of the main rank.
 
     Args:
-        run_dir: the run folder.
+        run: the run folder.
         epochs: the run's length (for console lines).
         enabled: False on the other ranks: every method is then a no-op.
         tensorboard: write ``run_dir/tensorboard`` event files: scalars, and for attention
             models the figure of ``attnconv.viz.figures.attention_figure`` every epoch.
     """
 
-    def __init__(self, run_dir: Path, epochs: int, enabled: bool, tensorboard: bool) -> None:
-        self.run_dir, self.epochs, self.enabled = run_dir, epochs, enabled
+    def __init__(self, run: RunDir, epochs: int, enabled: bool, tensorboard: bool) -> None:
+        self.run, self.epochs, self.enabled = run, epochs, enabled
         self.writer = None
         if enabled and tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
-            self.writer = SummaryWriter(str(run_dir / "tensorboard"))
+            self.writer = SummaryWriter(str(run.tensorboard))
 
     def print(self, message: str) -> None:
         if self.enabled:
@@ -80,21 +70,15 @@ class RunLogger:
         if hasattr(model, "attention_layers"):
             from attnconv.viz.figures import attention_figure
 
-            was_training = model.training
-            model.eval()
-            try:
+            with evaluating(model):
                 self.writer.add_figure("attention", attention_figure(model, image_size), step)
-            finally:
-                model.train(was_training)
         self.writer.flush()
 
     def metrics(self, records: list[dict[str, Any]]) -> None:
         """Rewrite ``metrics.jsonl``: one JSON object per finished epoch."""
         if not self.enabled:
             return
-        write_text_atomic(
-            self.run_dir / "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in records)
-        )
+        write_text_atomic(self.run.metrics, "".join(json.dumps(r) + "\n" for r in records))
 
     def close(self) -> None:
         if self.writer is not None:

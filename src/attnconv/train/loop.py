@@ -41,27 +41,29 @@ from tqdm import tqdm
 
 from attnconv.data import BatchLoader, DataSplits, load_splits
 from attnconv.hardware import resolve_precision
-from attnconv.models import PRESETS, count_macs, count_parameters, create_model
-from attnconv.models.presets import size_note
+from attnconv.models import MODELS, PRESETS, count_macs, count_parameters
+from attnconv.models.checkpoint import (
+    CheckpointError,
+    build_model,
+    load_checkpoint,
+    rebuild,
+    save_checkpoint,
+)
+from attnconv.models.modes import evaluating
+from attnconv.models.presets import preset_arguments, size_note
 from attnconv.runs import (
+    RunDir,
     RunFolderError,
-    checkpoint_dir,
     is_full,
     locked_run,
     not_writable_hint,
     os_error_reason,
+    write_json,
 )
 from attnconv.train import distributed
-from attnconv.train.checkpoint import (
-    CheckpointError,
-    build_model,
-    load_checkpoint,
-    rng_state,
-    save_checkpoint,
-    set_rng_state,
-)
-from attnconv.train.config import TrainConfig
-from attnconv.train.logger import RunLogger, write_json
+from attnconv.train.checkpoint import rng_state, set_rng_state
+from attnconv.train.config import TrainConfig, save_config
+from attnconv.train.logger import RunLogger
 from attnconv.train.schedule import LRSchedule, build_schedule
 
 CHECK_EVERY = 10  # steps between loss-finiteness checks and progress-bar updates
@@ -94,7 +96,7 @@ def _dropout_seed(seed: int, rank: int) -> int:
 
 
 def data_model_config(data: DataSplits) -> dict[str, Any]:
-    """The ``create_model`` arguments a dataset fixes."""
+    """The model constructor arguments a dataset fixes."""
     return {
         "num_classes": data.num_classes,
         "in_channels": data.channels,
@@ -104,13 +106,14 @@ def data_model_config(data: DataSplits) -> dict[str, Any]:
     }
 
 
-def check_data_fits(model_config: dict[str, Any], data: DataSplits, source: str) -> None:
-    """ValueError if a checkpoint's model does not take ``data``'s images or classes."""
+def check_data_fits(arguments: dict[str, Any], data: DataSplits, source: str) -> None:
+    """ValueError if a model built with constructor ``arguments`` does not take ``data``'s images
+    or classes."""
     expected = data_model_config(data)
     for key in ("num_classes", "in_channels"):
-        if model_config.get(key) != expected[key]:
+        if arguments.get(key) != expected[key]:
             raise ValueError(
-                f"{source} has {key}={model_config.get(key)}, but dataset {data.name!r} has "
+                f"{source} has {key}={arguments.get(key)}, but dataset {data.name!r} has "
                 f"{expected[key]}: use the dataset the model was trained on"
             )
 
@@ -138,20 +141,18 @@ def evaluation_sums(model: nn.Module, loader: BatchLoader, precision: str = "fp3
 
     The model is run in eval mode (and put back in its previous mode).
     """
-    was_training = model.training
-    model.eval()
     totals = torch.zeros(3, dtype=torch.float64, device=loader.device)
-    for images, labels in loader.epoch(0):
-        with autocast(precision, loader.device):
-            logits = model(images)
-        totals += torch.stack(
-            [
-                F.cross_entropy(logits.float(), labels, reduction="sum").double(),
-                (logits.argmax(dim=1) == labels).sum().double(),
-                torch.tensor(float(labels.shape[0]), dtype=torch.float64, device=loader.device),
-            ]
-        )
-    model.train(was_training)
+    with evaluating(model):
+        for images, labels in loader.epoch(0):
+            with autocast(precision, loader.device):
+                logits = model(images)
+            totals += torch.stack(
+                [
+                    F.cross_entropy(logits.float(), labels, reduction="sum").double(),
+                    (logits.argmax(dim=1) == labels).sum().double(),
+                    torch.tensor(float(labels.shape[0]), dtype=torch.float64, device=loader.device),
+                ]
+            )
     return totals.tolist()
 
 
@@ -177,23 +178,23 @@ class Trainer:
         )
         self.requested_precision = config.precision
         config = dataclasses.replace(config, precision=precision)
-        self.config, self.run_dir, self.context = config, run_dir, context
-        self.checkpoints = checkpoint_dir(run_dir)
-        if not resume and (self.checkpoints / "last.pt").exists():
+        self.config, self.context = config, context
+        self.run = RunDir(run_dir)
+        if not resume and self.run.last.exists():
             raise RunFolderError(
                 f"{run_dir} already holds a run; continue it with --resume {run_dir} or give "
                 f"another --out"
             )
-        resumed = load_checkpoint(self.checkpoints / "last.pt") if resume else None
+        resumed = load_checkpoint(self.run.last) if resume else None
         if resumed is not None and resumed["preset"] != config.preset:
             raise CheckpointError(
-                f"{self.checkpoints / 'last.pt'} is a checkpoint of preset "
+                f"{self.run.last} is a checkpoint of preset "
                 f"{resumed['preset']!r}, but the run's config says {config.preset!r}"
             )
         self.data = self._load_data()
 
         torch.manual_seed(config.seed)  # the same initial weights on every rank
-        model, self.model_config = self._build_model(resumed)
+        model, self.architecture, self.arguments = self._build_model(resumed)
         self.model = model.to(self.device)
         torch.manual_seed(_dropout_seed(config.seed, context.rank))
 
@@ -247,7 +248,7 @@ class Trainer:
             self.saved_step = self.step
             if context.is_main:
                 self._repair_epoch_copies(resumed)
-        self.logger = RunLogger(run_dir, config.epochs, context.is_main, config.tensorboard)
+        self.logger = RunLogger(self.run, config.epochs, context.is_main, config.tensorboard)
 
     # ------------------------------------------------------------------ set-up
 
@@ -265,18 +266,21 @@ class Trainer:
             distributed.barrier()
         return data
 
-    def _build_model(self, resumed: dict[str, Any] | None) -> tuple[nn.Module, dict[str, Any]]:
+    def _build_model(self, resumed: dict[str, Any] | None) -> tuple[nn.Module, str, dict[str, Any]]:
+        """``(model, architecture, its full constructor arguments)`` (what checkpoints store)."""
         config = self.config
         if resumed is not None:
-            last = self.checkpoints / "last.pt"
-            check_data_fits(resumed["model_config"], self.data, str(last))
-            return build_model(resumed, last), dict(resumed["model_config"])
+            last = self.run.last
+            check_data_fits(resumed["arguments"], self.data, str(last))
+            architecture, arguments = resumed["architecture"], dict(resumed["arguments"])
+            return build_model(resumed, last), architecture, arguments
         if config.init is None:
-            model_config = {**config.model, **data_model_config(self.data)}
-            return create_model(config.preset, **model_config), model_config
+            overrides = {**config.model, **data_model_config(self.data)}
+            architecture, arguments = preset_arguments(config.preset, **overrides)
+            return MODELS[architecture](**arguments), architecture, arguments
         return self._pruned_init_model()
 
-    def _pruned_init_model(self) -> tuple[nn.Module, dict[str, Any]]:
+    def _pruned_init_model(self) -> tuple[nn.Module, str, dict[str, Any]]:
         """The ``--init`` checkpoint's model with its degenerate heads pruned."""
         from attnconv.models.heads import prune_degenerate_heads
 
@@ -306,20 +310,15 @@ class Trainer:
             raise ValueError(
                 f"{config.init} was trained on {init['dataset']!r}, not on {config.dataset!r}"
             )
-        check_data_fits(init["model_config"], self.data, str(config.init))
-        model_config = {**init["model_config"], **config.model}
-        model = create_model(config.preset, **model_config)
-        try:
-            model.load_state_dict(init["model"])
-        except RuntimeError as err:
-            raise ValueError(
-                f"the weights in {config.init} do not fit the model with overrides "
-                f"{config.model}: {str(err).splitlines()[0]}"
-            ) from err
+        check_data_fits(init["arguments"], self.data, str(config.init))
+        architecture, arguments = init["architecture"], {**init["arguments"], **config.model}
+        model = rebuild(
+            architecture, arguments, init["model"], f"{config.init} with {config.model}"
+        )
         summary = prune_degenerate_heads(model)
         if self.context.is_main:
             tqdm.write(f"{config.init}: {summary}")
-        return model, {**model_config, "heads": list(summary.heads)}
+        return model, architecture, {**arguments, "heads": list(summary.heads)}
 
     def _build_optimizer(self) -> torch.optim.SGD:
         no_decay = self.model.no_weight_decay_parameters()
@@ -334,7 +333,7 @@ class Trainer:
         return torch.optim.SGD(groups, lr=self.config.lr, momentum=self.config.momentum)
 
     def _restore(self, checkpoint: dict[str, Any]) -> None:
-        last = self.checkpoints / "last.pt"
+        last = self.run.last
         try:
             self.optimizer.load_state_dict(checkpoint["optimizer"])
             self.epoch, self.step = int(checkpoint["epoch"]), int(checkpoint["step"])
@@ -361,22 +360,21 @@ class Trainer:
         """The first epoch record with the highest validation accuracy (what best.pt holds)."""
         return max(self.metrics, key=lambda r: r["val_acc"], default=None)
 
-    def _epoch_copies(self, epoch: int) -> list[str]:
+    def _epoch_copies(self, epoch: int) -> list[Path]:
         """The files that, besides last.pt, hold the end-of-``epoch`` state."""
-        names = []
+        paths = []
         best = self._best_record()
         if best is not None and best["epoch"] == epoch:
-            names.append("best.pt")
+            paths.append(self.run.best)
         if self.config.checkpoint_every and epoch % self.config.checkpoint_every == 0:
-            names.append(f"epoch_{epoch:04d}.pt")
-        return names
+            paths.append(self.run.epoch_checkpoint(epoch))
+        return paths
 
     def _repair_epoch_copies(self, resumed: dict[str, Any]) -> None:
         """Write the copies of an end-of-epoch last.pt that a kill left missing or stale."""
         if resumed.get("epoch_progress") is not None or not self.metrics:
             return
-        for name in self._epoch_copies(self.epoch):
-            path = self.checkpoints / name
+        for path in self._epoch_copies(self.epoch):
             if _saved_position(path) != (self.epoch, self.step):
                 with self._writing(path):
                     save_checkpoint(resumed, path)
@@ -400,10 +398,10 @@ class Trainer:
         return {
             "preset": self.config.preset,
             "dataset": self.config.dataset,
-            "model_config": self.model_config,
+            "architecture": self.architecture,
+            "arguments": self.arguments,
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.schedule.state_dict(),
             "rng": self._gathered_rng(),
             "epoch": self.epoch,
             "step": self.step,
@@ -412,24 +410,21 @@ class Trainer:
             "epoch_progress": epoch_progress,
         }
 
-    def _save(self, checkpoint: dict[str, Any], *names: str) -> None:
-        """Write ``checkpoint`` to each of ``names`` in turn (main rank); RunFolderError if a write
+    def _save(self, checkpoint: dict[str, Any], *paths: Path) -> None:
+        """Write ``checkpoint`` to each of ``paths`` in turn (main rank); RunFolderError if a write
         fails, the files written before it staying valid."""
         if self.context.is_main:
-            for name in names:
-                path = self.checkpoints / name
+            for path in paths:
                 with self._writing(path):
                     save_checkpoint(checkpoint, path)
-                if name == "last.pt":
+                if path == self.run.last:
                     self.saved_step = checkpoint["step"]
 
     def _kept(self) -> str:
         """Which checkpoint holds the last good state, for error messages."""
         if self.saved_step is None:
             return "no checkpoint was saved yet"
-        return (
-            f"the last good checkpoint is {self.checkpoints / 'last.pt'} (step {self.saved_step})"
-        )
+        return f"the last good checkpoint is {self.run.last} (step {self.saved_step})"
 
     @contextmanager
     def _writing(self, path: Path) -> Iterator[None]:
@@ -437,11 +432,11 @@ class Trainer:
         try:
             yield
         except OSError as err:
-            todo = "free space" if is_full(err) else not_writable_hint(self.run_dir)
+            todo = "free space" if is_full(err) else not_writable_hint(self.run.root)
             raise RunFolderError(
                 f"cannot write {path}: {os_error_reason(err)}; {self._kept()}, intact. "
                 f"{todo[0].upper()}{todo[1:]}, then continue with: attnconv train --resume "
-                f"{self.run_dir}"
+                f"{self.run.root}"
             ) from err
 
     # ------------------------------------------------------------------ loop
@@ -478,13 +473,9 @@ class Trainer:
                 self._diverged(f"parameter {name} is no longer finite")
         if images is None or labels is None:
             return
-        self.model.eval()
-        try:
-            with self._autocast():
-                logits = self.model(images)
-            loss_sum = F.cross_entropy(logits.float(), labels, reduction="sum").item()
-        finally:
-            self.model.train()
+        with evaluating(self.model), self._autocast():
+            logits = self.model(images)
+        loss_sum = F.cross_entropy(logits.float(), labels, reduction="sum").item()
         total, seen = distributed.all_reduce_sum([loss_sum, float(labels.shape[0])], self.device)
         if not math.isfinite(total):
             self._diverged(f"the updated weights give a loss of {total / seen} on their last batch")
@@ -555,7 +546,7 @@ class Trainer:
                 totals = distributed.all_reduce_sum(sums.tolist(), self.device)
                 progress = dict(zip(("loss_sum", "correct", "seen"), totals, strict=True))
                 self._check_state(images, labels)
-                self._save(self._checkpoint(progress), "last.pt")
+                self._save(self._checkpoint(progress), self.run.last)
         bar.close()
         self._check_finite(sums)
         elapsed = time.perf_counter() - started
@@ -587,9 +578,9 @@ class Trainer:
     def fit(self) -> dict[str, Any]:
         config, logger = self.config, self.logger
         if self.context.is_main:
-            with self._writing(self.run_dir / "config.json"):
-                write_json(self.run_dir / "config.json", config.to_dict())
-        with self._writing(self.run_dir / "metrics.jsonl"):
+            with self._writing(self.run.config):
+                save_config(config, self.run.config)
+        with self._writing(self.run.metrics):
             logger.metrics(self.metrics)
         logger.print(
             f"{config.preset} on {config.dataset}: {count_parameters(self.model):,} parameters, "
@@ -633,8 +624,8 @@ class Trainer:
                 self.metrics.append(record)
                 logger.epoch(record, self.model, self.data.image_size)
                 # last.pt first: a kill before a copy is written is repaired by the resume.
-                self._save(self._checkpoint(None), "last.pt", *self._epoch_copies(self.epoch))
-                with self._writing(self.run_dir / "metrics.jsonl"):
+                self._save(self._checkpoint(None), self.run.last, *self._epoch_copies(self.epoch))
+                with self._writing(self.run.metrics):
                     logger.metrics(self.metrics)
             return self._finish()
         finally:
@@ -648,7 +639,7 @@ class Trainer:
         summary: dict[str, Any] = {}
         best = self._best_record()
         if self.context.is_main:
-            best_path = self.checkpoints / "best.pt"
+            best_path = self.run.best
             checkpoint = load_checkpoint(best_path)
             if (checkpoint["epoch"], checkpoint["step"]) != (best["epoch"], best["step"]):
                 raise RunFolderError(
@@ -680,13 +671,13 @@ class Trainer:
                 / train_time,
                 "best_checkpoint": str(best_path),
             }
-            with self._writing(self.run_dir / "summary.json"):
-                write_json(self.run_dir / "summary.json", summary)
+            with self._writing(self.run.summary):
+                write_json(self.run.summary, summary)
             self.logger.print(
                 f"best validation accuracy {best['val_acc']:.4f} at epoch {best['epoch']}; "
                 f"test accuracy of that checkpoint {test_acc:.4f} (loss {test_loss:.4f}); "
                 f"{train_time:.1f}s of training, {summary['images_per_s']:.0f} img/s; "
-                f"run folder {self.run_dir}"
+                f"run folder {self.run.root}"
             )
         distributed.barrier()
         return summary

@@ -17,7 +17,7 @@ Being a function of the step alone, the schedule resumes exactly from a checkpoi
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 STEP_FACTOR = 0.1
 
@@ -61,10 +61,6 @@ class LRSchedule:
             epoch = step // self.steps_per_epoch
             factor *= STEP_FACTOR ** sum(epoch >= m for m in self.milestones)
         return self.base_lr * factor
-
-    def state_dict(self) -> dict:
-        """Plain values describing the schedule (saved in checkpoints)."""
-        return {**asdict(self), "milestones": list(self.milestones)}
 
 
 def build_schedule(

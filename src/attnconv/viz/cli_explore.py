@@ -45,7 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def checkpoint_entries(args: argparse.Namespace) -> tuple[list, dict[str, str]]:
     """The one model of a checkpoint, as a ``SiteModel``."""
     from attnconv.models import PRESETS
-    from attnconv.train.checkpoint import load_model
+    from attnconv.models.checkpoint import load_model
     from attnconv.viz.export import SiteModel
     from attnconv.viz.figures import checkpoint_path, test_images
     from attnconv.viz.maps import is_position_only

@@ -49,6 +49,7 @@ import torch
 from torch import Tensor, nn
 
 from attnconv.attention import MultiHeadSelfAttention2d, scores
+from attnconv.models.modes import evaluating
 from attnconv.viz.maps import attention_layers, compute_attention, token_grid
 
 FORMAT = "attnconv-explorer"
@@ -207,12 +208,10 @@ def model_score_terms(model: nn.Module, images: Tensor) -> list[ScoreTerms]:
         )
         for index, layer in enumerate(layers)
     ]
-    was_training = model.training
-    model.eval()
     try:
-        model(images.to(next(model.parameters()).device))
+        with evaluating(model):
+            model(images.to(next(model.parameters()).device))
     finally:
-        model.train(was_training)
         for hook in hooks:
             hook.remove()
     return [score_terms(layer, inputs[index]) for index, layer in enumerate(layers)]

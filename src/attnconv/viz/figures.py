@@ -11,6 +11,7 @@ import torch
 from matplotlib.figure import Figure
 from torch import Tensor, nn
 
+from attnconv.runs import RunDir
 from attnconv.viz.contours import contour_figure
 from attnconv.viz.distance import add_distances, distance_figure, format_head_table, layer_distances
 from attnconv.viz.maps import (
@@ -59,16 +60,10 @@ def checkpoint_path(path: str | Path) -> Path:
     """``path`` if it is a file, ``path/checkpoints/last.pt`` if it is a run folder."""
     path = Path(path)
     if path.is_dir():
-        path = path / "checkpoints" / "last.pt"
+        path = RunDir(path).last
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {str(path)!r} does not exist")
     return path
-
-
-def run_folder(checkpoint: Path) -> Path | None:
-    """The run folder of a checkpoint stored as ``RUN_DIR/checkpoints/NAME.pt``, else None."""
-    parent = checkpoint.resolve().parent
-    return parent.parent if parent.name == "checkpoints" else None
 
 
 def test_images(dataset: str, count: int, data_dir: str | None) -> tuple[Tensor, list[str]]:
@@ -111,7 +106,7 @@ def plot_checkpoint(
     (``plot_model``). Models with content scores use the first ``max(num_images, image_index + 1)``
     test images of the checkpoint's dataset; Gaussian models of a run folder with
     ``checkpoints/epoch_*.pt`` also get their centres' trajectories."""
-    from attnconv.train.checkpoint import load_model
+    from attnconv.models.checkpoint import load_model
 
     path = checkpoint_path(path)
     model, checkpoint = load_model(path)
@@ -132,7 +127,7 @@ def plot_checkpoint(
         window=window,
         num_images=num_images,
         image_index=image_index,
-        run=run_folder(path),
+        run=RunDir.of_checkpoint(path),
     )
 
 
@@ -146,7 +141,7 @@ def plot_model(
     window: int | None = None,
     num_images: int = 16,
     image_index: int = 0,
-    run: Path | None = None,
+    run: RunDir | None = None,
 ) -> PlotResult:
     """Write every figure of ``model`` (called ``name`` in titles) into ``out_dir``, PNG and PDF.
 
@@ -190,12 +185,12 @@ def plot_model(
     )
     not_drawn = []
     if is_gaussian(model) and run is not None:
-        if list((run / "checkpoints").glob("epoch_*.pt")):
-            trajectories = trajectory_figure(load_center_trajectories(run))
+        if run.epoch_checkpoints():
+            trajectories = trajectory_figure(load_center_trajectories(run.root))
             files += save_figure(trajectories, out, "trajectories")
         else:
             not_drawn.append(
-                f"trajectories: {run / 'checkpoints'} has no epoch_*.pt; train with "
+                f"trajectories: {run.checkpoints} has no epoch_*.pt; train with "
                 "checkpoint_every=1 to keep the centres of every epoch"
             )
     rows = add_distances(_head_rows(model), distances)

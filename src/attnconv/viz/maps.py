@@ -16,6 +16,7 @@ from matplotlib.patches import Rectangle
 from torch import Tensor, nn
 
 from attnconv.attention import MultiHeadSelfAttention2d
+from attnconv.models.modes import evaluating
 from attnconv.viz.style import MAP_CMAP, new_figure
 
 # Images per forward when averaging a content model's attention over many images.
@@ -145,10 +146,8 @@ def compute_attention(
             f"images are {images.shape[2]}x{images.shape[3]} but image_size is {tuple(image_size)}"
         )
     device = next(source.parameters()).device
-    was_training = source.training
-    source.eval()
-    try:
-        sums: list[Tensor] | None = None
+    sums: list[Tensor] | None = None
+    with evaluating(source):
         for start in range(0, images.shape[0], CHUNK):
             _, batch_probs = source(images[start : start + CHUNK].to(device), return_attention=True)
             chunk_sums = [p.double().sum(dim=0).cpu() for p in batch_probs]
@@ -157,8 +156,6 @@ def compute_attention(
                 if sums is None
                 else [a + b for a, b in zip(sums, chunk_sums, strict=True)]
             )
-    finally:
-        source.train(was_training)
     count = images.shape[0]
     description = "one image" if count == 1 else f"mean over {count} images"
     return AttentionMaps([(s / count).float() for s in sums], grid, description, stem)

@@ -17,6 +17,7 @@ from typing import Any
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
+from attnconv.runs import RunDir
 from attnconv.viz.style import new_figure, palette_color
 
 
@@ -48,14 +49,15 @@ def load_run(run_dir: str | Path) -> Run:
     path = Path(run_dir)
     if not path.is_dir():
         raise FileNotFoundError(f"run directory {str(path)!r} does not exist")
-    metrics_path = path / "metrics.jsonl"
+    run = RunDir(path)
+    metrics_path = run.metrics
     if not metrics_path.is_file():
         raise FileNotFoundError(f"{str(path)!r} has no metrics.jsonl: not an attnconv run folder")
     metrics = []
     for number, line in enumerate(metrics_path.read_text().splitlines(), start=1):
         if line.strip():
             metrics.append(_parse_json(line, f"{metrics_path}:{number}"))
-    config_path, summary_path = path / "config.json", path / "summary.json"
+    config_path, summary_path = run.config, run.summary
     config = _parse_json(config_path.read_text(), str(config_path)) if config_path.is_file() else {}
     summary = (
         _parse_json(summary_path.read_text(), str(summary_path)) if summary_path.is_file() else None

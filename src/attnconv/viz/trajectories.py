@@ -14,7 +14,8 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Rectangle
 
-from attnconv.train.checkpoint import load_checkpoint
+from attnconv.models.checkpoint import load_checkpoint
+from attnconv.runs import RunDir
 from attnconv.viz.style import QUERY_COLOR, new_figure, palette_color
 
 CENTERS_SUFFIX = "centers"
@@ -40,13 +41,13 @@ class CenterTrajectories:
 
 def epoch_checkpoints(run_dir: str | Path) -> list[Path]:
     """The ``RUN_DIR/checkpoints/epoch_*.pt`` files, sorted by name (= epoch)."""
-    run = Path(run_dir)
-    if not run.is_dir():
-        raise FileNotFoundError(f"run directory {str(run)!r} does not exist")
-    paths = sorted((run / "checkpoints").glob("epoch_*.pt"))
+    run = RunDir(run_dir)
+    if not run.root.is_dir():
+        raise FileNotFoundError(f"run directory {str(run.root)!r} does not exist")
+    paths = run.epoch_checkpoints()
     if not paths:
         raise FileNotFoundError(
-            f"no checkpoints/epoch_*.pt in {str(run)!r}: train with checkpoint_every set to "
+            f"no checkpoints/epoch_*.pt in {str(run.root)!r}: train with checkpoint_every set to "
             "keep per-epoch checkpoints"
         )
     return paths
