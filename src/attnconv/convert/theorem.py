@@ -129,9 +129,10 @@ class AttentionConv(nn.Module):
     Attributes: ``weight`` (the kernel, shaped as the convolution's), ``bias`` (``(out,)`` or
     ``None``), ``weight_transform`` (applied to ``weight`` each forward: identity, or e.g.
     :class:`Standardize`), ``attention`` (the layer: ``Kh·Kw`` hard or finite-spread heads,
-    ``centers`` = tap offsets in pixels, ``out.weight`` parametrized by ``weight``, ``out.bias`` is
-    ``bias``), ``dynamic_same`` and the convolution's hyper-parameters (``kernel_size``,
-    ``stride``, ``padding``, ``dilation``, ``groups``, ``padding_mode``), as on the original module.
+    ``position.centers`` = tap offsets in pixels, ``out.weight`` parametrized by ``weight``,
+    ``out.bias`` is ``bias``), ``dynamic_same`` and the convolution's hyper-parameters
+    (``kernel_size``, ``stride``, ``padding``, ``dilation``, ``groups``, ``padding_mode``), as on
+    the original module.
     ``state_dict()`` holds ``weight`` and ``bias`` only, as the convolution's does, and loads the
     convolution's.
     """
