@@ -9,7 +9,8 @@ everything that depends on the kind of score:
 * ``factors(H, W)``: for a ``separable`` score (a row term plus a column term), row
   ``(heads, H, H)`` and column ``(heads, W, W)`` logits whose Kronecker sum is ``logits``;
 * ``probability_factors(H, W)`` and ``offset_probs(H, W)``: the softmax of those, per factor, and
-  each head's attention over all offsets, as for an interior query (docs/theory.md §3);
+  each head's attention over all offsets, as for an interior query (docs/theory.md §2, "The other
+  direction");
 * ``covers(H, W)`` / ``check_size(H, W)``: whether the score is defined on an ``H×W`` image;
 * ``reset_parameters()``: the paper's initialisation; ``select_heads(index)``: keep some heads;
 * Gaussian scores (``has_centers``): ``centers`` and ``geometry()`` for head analysis.
