@@ -82,7 +82,7 @@ def flex_forward(layer: MultiHeadSelfAttention2d, width: int,
     ``compile=False`` (eager: the unfused reference, for checking the function only)."""
     from torch.nn.attention.flex_attention import flex_attention
 
-    centers, spread = layer.centers, layer.spread
+    centers, spread = layer.position.centers, layer.position.spread
     compiled = torch.compile(flex_attention) if compile else flex_attention
 
     def gaussian(score: Tensor, b: Tensor, h: Tensor, q: Tensor, k: Tensor) -> Tensor:
@@ -208,7 +208,7 @@ def measure(score: str, size: str, path: str, repeats: int, device: str) -> dict
     layer = MultiHeadSelfAttention2d(dim, heads, max_size=max(height, width), **options)
     if spread is not None:
         with torch.no_grad():
-            layer.spread.fill_(spread)
+            layer.position.spread.fill_(spread)
     layer = layer.to(device)
     if path == "naive":
         use_naive_attention(layer)

@@ -36,21 +36,23 @@ def _pixel_offsets(height: int, width: int, like: Tensor) -> Tensor:
 def _positional_logits(layer: MultiHeadSelfAttention2d, height: int, width: int) -> Tensor:
     """Position-only logits ``(heads, N, N)`` straight from the definitions (docs/theory.md §1)."""
     if layer.positional in ("gaussian", "gaussian_full"):
-        delta = _pixel_offsets(height, width, layer.centers)  # (N, N, 2)
-        e = delta[None] - layer.centers[:, None, None, :]  # (heads, N, N, 2)
+        delta = _pixel_offsets(height, width, layer.position.centers)  # (N, N, 2)
+        e = delta[None] - layer.position.centers[:, None, None, :]  # (heads, N, N, 2)
         if layer.positional == "gaussian":
-            return -0.5 * layer.spread[:, None, None] ** 2 * e.square().sum(-1)
-        precision = layer.spread @ layer.spread.transpose(-1, -2)  # (heads, 2, 2)
+            return -0.5 * layer.position.spread[:, None, None] ** 2 * e.square().sum(-1)
+        spread = layer.position.spread
+        precision = spread @ spread.transpose(-1, -2)  # (heads, 2, 2)
         return -0.5 * torch.einsum("hqki,hij,hqkj->hqk", e, precision, e)
     embedding = _relative_embeddings(layer, height, width)  # (N, N, d)
-    return torch.einsum("qkd,hd->hqk", embedding, layer.positional_weight)
+    return torch.einsum("qkd,hd->hqk", embedding, layer.position.weight)
 
 
 def _relative_embeddings(layer: MultiHeadSelfAttention2d, height: int, width: int) -> Tensor:
     """``r_δ = [r_row(δ1); r_col(δ2)]`` for every pixel pair: ``(N, N, head_dim)``."""
-    delta = _pixel_offsets(height, width, layer.row_embedding).long() + (layer.max_size - 1)
+    position = layer.position
+    delta = _pixel_offsets(height, width, position.row_embedding).long() + (layer.max_size - 1)
     return torch.cat(
-        [layer.row_embedding[delta[..., 0]], layer.col_embedding[delta[..., 1]]], dim=-1
+        [position.row_embedding[delta[..., 0]], position.col_embedding[delta[..., 1]]], dim=-1
     )
 
 

@@ -28,18 +28,18 @@ def reference_scores(layer: MultiHeadSelfAttention2d, x: Tensor) -> Tensor:
     delta = pixel_offsets(height, width, x.dtype)  # (N, N, 2)
     logits = torch.zeros(batch, heads, n, n, dtype=x.dtype)
     if layer.positional == "gaussian":
-        diff = delta[None] - layer.centers[:, None, None, :]  # (heads, N, N, 2)
-        logits = logits + (-0.5 * layer.spread[:, None, None] ** 2 * (diff**2).sum(-1))
+        diff = delta[None] - layer.position.centers[:, None, None, :]  # (heads, N, N, 2)
+        logits = logits + (-0.5 * layer.position.spread[:, None, None] ** 2 * (diff**2).sum(-1))
     elif layer.positional == "gaussian_full":
-        diff = delta[None] - layer.centers[:, None, None, :]
-        precision = layer.spread @ layer.spread.transpose(1, 2)  # (heads, 2, 2)
+        diff = delta[None] - layer.position.centers[:, None, None, :]
+        precision = layer.position.spread @ layer.position.spread.transpose(1, 2)  # (heads, 2, 2)
         logits = logits + (-0.5 * torch.einsum("hqki,hij,hqkj->hqk", diff, precision, diff))
     if layer.positional == "learned":
         m = layer.max_size
-        rows = layer.row_embedding[(delta[..., 0] + m - 1).long()]  # (N, N, d_row)
-        cols = layer.col_embedding[(delta[..., 1] + m - 1).long()]  # (N, N, d_col)
+        rows = layer.position.row_embedding[(delta[..., 0] + m - 1).long()]  # (N, N, d_row)
+        cols = layer.position.col_embedding[(delta[..., 1] + m - 1).long()]  # (N, N, d_col)
         r = torch.cat([rows, cols], dim=-1)  # (N, N, d) = r_δ
-        logits = logits + torch.einsum("qkc,hc->hqk", r, layer.positional_weight)
+        logits = logits + torch.einsum("qkc,hc->hqk", r, layer.position.weight)
     if layer.content or layer.content_positional:
         tokens = x.reshape(batch, n, -1)
         q = (tokens @ layer.query.weight.T + layer.query.bias).view(batch, n, heads, d)

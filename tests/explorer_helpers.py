@@ -35,8 +35,8 @@ def shipped_folder(folder: Path, names: tuple[str, ...] = tuple(ACCURACY)) -> Pa
                         if linear is not None:
                             linear.weight.normal_(0.0, 0.2, generator=generator)
                     if layer.positional == "learned":
-                        layer.row_embedding.normal_(0.0, 1.0, generator=generator)
-                        layer.col_embedding.normal_(0.0, 1.0, generator=generator)
+                        layer.position.row_embedding.normal_(0.0, 1.0, generator=generator)
+                        layer.position.col_embedding.normal_(0.0, 1.0, generator=generator)
         preset = PRESETS[name]
         export_pretrained(
             model,

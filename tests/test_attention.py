@@ -38,11 +38,11 @@ def randomize(layer: MultiHeadSelfAttention2d, generator: torch.Generator) -> No
 
     with torch.no_grad():
         for name, p in layer.named_parameters():
-            if name == "centers":
+            if name == "position.centers":
                 p.copy_(2.0 * rand(*p.shape))
-            elif name == "spread" and p.dim() == 1:
+            elif name == "position.spread" and p.dim() == 1:
                 p.copy_(0.4 + torch.rand(p.shape, generator=generator, dtype=torch.float64))
-            elif name == "spread":
+            elif name == "position.spread":
                 p.copy_(torch.eye(2, dtype=torch.float64) * 0.8 + 0.3 * rand(*p.shape))
             else:
                 p.copy_(
@@ -150,8 +150,8 @@ def test_float32_paths_match_float64_reference(config, height, width):
 def test_large_spread_attends_one_hot_at_key_minus_query():
     layer = MultiHeadSelfAttention2d(4, 1, positional="gaussian")
     with torch.no_grad():
-        layer.centers.copy_(torch.tensor([[1.0, 2.0]]))  # key = query + (1 row, 2 cols)
-        layer.spread.fill_(50.0)
+        layer.position.centers.copy_(torch.tensor([[1.0, 2.0]]))  # key = query + (1 row, 2 cols)
+        layer.position.spread.fill_(50.0)
     height, width = 5, 6
     probs = layer.attention_probs(height, width)[0]
     for q1 in range(height - 1):
@@ -173,14 +173,14 @@ def test_hard_attention_is_the_large_spread_limit_with_ties_shared():
     hard = MultiHeadSelfAttention2d(3, 2, positional="gaussian", hard=True).double()
     centers = torch.tensor([[-1.0, 2.0], [0.3, -1.8]], dtype=torch.float64)
     with torch.no_grad():
-        soft.centers.copy_(centers)
-        hard.centers.copy_(centers)
-        soft.spread.fill_(60.0)
+        soft.position.centers.copy_(centers)
+        hard.position.centers.copy_(centers)
+        soft.position.spread.fill_(60.0)
     torch.testing.assert_close(
         hard.attention_probs(4, 5), soft.attention_probs(4, 5), atol=1e-12, rtol=0
     )
     with torch.no_grad():
-        hard.centers.copy_(torch.tensor([[0.5, 0.0], [0.0, 0.0]], dtype=torch.float64))
+        hard.position.centers.copy_(torch.tensor([[0.5, 0.0], [0.0, 0.0]], dtype=torch.float64))
     probs = hard.attention_probs(3, 3)[0]
     # Query (0, 0) with centre half a row down: keys (0, 0) and (1, 0) tie and share the mass.
     assert probs[0, 0].item() == 0.5 and probs[0, 3].item() == 0.5
@@ -259,9 +259,9 @@ def test_float32_gaussian_probabilities_have_no_subnormals_and_stay_exact():
     torch.manual_seed(0)
     layer = MultiHeadSelfAttention2d(8, 4, positional="gaussian")
     with torch.no_grad():
-        layer.spread.fill_(3.0)  # far pixels underflow: e^{-½·9·d²}
+        layer.position.spread.fill_(3.0)  # far pixels underflow: e^{-½·9·d²}
     height = width = 16
-    row, col = layer._positional_factors(height, width)
+    row, col = layer.position.probability_factors(height, width)
     tiny = torch.finfo(torch.float32).tiny
     for factor in (row, col, layer.attention_probs(height, width)):
         assert not ((factor > 0) & (factor < tiny)).any()
@@ -340,11 +340,11 @@ def test_out_dim_and_head_dim_shapes():
 def test_paper_initialisation():
     torch.manual_seed(0)
     layer = MultiHeadSelfAttention2d(4, 2000, head_dim=1)
-    assert layer.centers.std().item() == pytest.approx(2.0, rel=0.05)
-    assert layer.spread.mean().item() == pytest.approx(1.0, abs=1e-3)
-    assert layer.spread.std().item() == pytest.approx(0.01, rel=0.1)
+    assert layer.position.centers.std().item() == pytest.approx(2.0, rel=0.05)
+    assert layer.position.spread.mean().item() == pytest.approx(1.0, abs=1e-3)
+    assert layer.position.spread.std().item() == pytest.approx(0.01, rel=0.1)
     full = MultiHeadSelfAttention2d(4, 2000, head_dim=1, positional="gaussian_full")
-    torch.testing.assert_close(full.spread.mean(0), torch.eye(2), atol=2e-3, rtol=0)
+    torch.testing.assert_close(full.position.spread.mean(0), torch.eye(2), atol=2e-3, rtol=0)
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=str)
@@ -365,7 +365,7 @@ def test_prune_heads_equals_zeroing_the_removed_heads_outputs():
         zeroed.out.weight[:, 6:9] = 0  # head 2
     expected = zeroed(x)
     layer.prune_heads([3, 1])
-    assert layer.heads == 2 and layer.positional_weight.shape == (2, 3)
+    assert layer.heads == 2 and layer.position.weight.shape == (2, 3)
     torch.testing.assert_close(layer(x), expected, rtol=1e-12, atol=1e-12)
     y_ref, _ = reference_forward(layer, x)
     torch.testing.assert_close(layer(x), y_ref, rtol=1e-10, atol=1e-12)
@@ -376,16 +376,18 @@ def test_prune_heads_equals_zeroing_the_removed_heads_outputs():
 def test_head_geometry():
     iso = MultiHeadSelfAttention2d(2, 2).double()
     with torch.no_grad():
-        iso.spread.copy_(torch.tensor([2.0, 0.5]))
+        iso.position.spread.copy_(torch.tensor([2.0, 0.5]))
     geometry = iso.head_geometry()
     torch.testing.assert_close(geometry["covariance"][0], torch.eye(2, dtype=torch.float64) / 4)
     torch.testing.assert_close(geometry["condition_number"], torch.ones(2, dtype=torch.float64))
     full = MultiHeadSelfAttention2d(2, 2, positional="gaussian_full").double()
     with torch.no_grad():
-        full.spread.copy_(torch.tensor([[[1.0, 0.0], [0.0, 0.01]], [[1.0, 0.5], [0.0, 1.0]]]))
+        full.position.spread.copy_(
+            torch.tensor([[[1.0, 0.0], [0.0, 0.01]], [[1.0, 0.5], [0.0, 1.0]]])
+        )
     geometry = full.head_geometry()
     assert geometry["condition_number"][0].item() == pytest.approx(1e4)
-    precision = full.spread[1] @ full.spread[1].T
+    precision = full.position.spread[1] @ full.position.spread[1].T
     torch.testing.assert_close(geometry["covariance"][1], torch.linalg.inv(precision))
 
 

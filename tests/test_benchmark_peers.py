@@ -16,8 +16,8 @@ def gaussian_layer() -> MultiHeadSelfAttention2d:
     torch.manual_seed(0)
     layer = MultiHeadSelfAttention2d(6, 3, positional="gaussian").double()
     with torch.no_grad():  # centres off the grid and distinct spreads
-        layer.centers.copy_(torch.tensor([[0.4, -1.3], [-2.0, 0.7], [1.1, 1.9]]))
-        layer.spread.copy_(torch.tensor([0.6, 1.0, 1.7]))
+        layer.position.centers.copy_(torch.tensor([[0.4, -1.3], [-2.0, 0.7], [1.1, 1.9]]))
+        layer.position.spread.copy_(torch.tensor([0.6, 1.0, 1.7]))
     return layer
 
 

@@ -179,7 +179,7 @@ def test_construction_is_one_head_per_tap_without_value_projection():
     assert layer.heads == 6 and layer.value is None and layer.hard
     # Centres: tap (i, j) times the dilation, measured from the centre tap ((K−1)//2) · dilation.
     expected = [[i * 2 - 0, j * 3 - 3] for i in range(2) for j in range(3)]
-    assert layer.centers.tolist() == expected
+    assert layer.position.centers.tolist() == expected
     # out.weight block of head (i, j) is W[:, :, i, j]; the bias is the conv's.
     blocks = layer.out.weight.view(5, 6, 3)
     for h, (i, j) in enumerate((i, j) for i in range(2) for j in range(3)):
@@ -190,8 +190,8 @@ def test_construction_is_one_head_per_tap_without_value_projection():
     assert shapes == {
         "weight": (5, 3, 2, 3),
         "bias": (5,),
-        "attention.centers": (6, 2),
-        "attention.spread": (6,),
+        "attention.position.centers": (6, 2),
+        "attention.position.spread": (6,),
     }
     # The layer's output weight is parametrized by the module's own kernel and bias parameters.
     module = conv_to_attention(conv)
@@ -276,7 +276,7 @@ def test_finite_spread_is_gaussian_attention(cls, spec, size, spread):
     conv = make_conv(cls, spec, F64)
     module = conv_to_attention(conv, spread=spread)
     assert not module.attention.hard
-    assert module.attention.spread.tolist() == [spread] * module.heads
+    assert module.attention.position.spread.tolist() == [spread] * module.heads
     x = make_input(cls, size, F64)
     with torch.no_grad():
         assert rel(module(x), dense_gaussian_reference(conv, module, x, spread)) <= 1e-12

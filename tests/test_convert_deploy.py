@@ -196,7 +196,8 @@ def test_changed_centres_fall_back_to_the_attention_layer():
     module = convert_model(conv)
     x = torch.randn(1, 2, 6, 6, dtype=F64)
     with torch.no_grad():
-        module.attention.centers[4] = torch.tensor([1.0, 1.0], dtype=F64)  # centre tap → (1, 1)
+        centers = module.attention.position.centers
+        centers[4] = torch.tensor([1.0, 1.0], dtype=F64)  # centre tap → (1, 1)
         moved = module(x)
         module.attention.impl = "dense"
         assert torch.allclose(moved, module(x), rtol=0, atol=1e-12)

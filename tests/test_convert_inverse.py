@@ -33,9 +33,9 @@ def random_layer(
     ).double()
     with torch.no_grad():
         for name, p in layer.named_parameters():
-            p.copy_(torch.randn(p.shape, dtype=F64) * (2.0 if name == "centers" else 0.5))
+            p.copy_(torch.randn(p.shape, dtype=F64) * (2.0 if name == "position.centers" else 0.5))
         if positional == "gaussian":
-            layer.spread.copy_(torch.tensor(spreads, dtype=F64))
+            layer.position.spread.copy_(torch.tensor(spreads, dtype=F64))
     return layer
 
 
@@ -85,7 +85,9 @@ def test_interior_pixels_are_exactly_the_convolution():
     support; where it fits inside the image the layer is the convolution exactly, elsewhere not."""
     layer = random_layer("gaussian", seed=4, spreads=(6.0, 8.0, 10.0))
     with torch.no_grad():
-        layer.centers.copy_(torch.tensor([[0.0, 0.0], [1.3, -0.7], [-1.0, 2.0]], dtype=F64))
+        layer.position.centers.copy_(
+            torch.tensor([[0.0, 0.0], [1.3, -0.7], [-1.0, 2.0]], dtype=F64)
+        )
     height, width = 16, 15
     kernel = attention_to_conv(layer, height, width)
     assert kernel.shape == (4, 3, 2 * height - 1, 2 * width - 1)
@@ -116,7 +118,7 @@ def test_border_mass_of_hard_heads_marks_where_the_target_pixel_leaves_the_image
     layer = MultiHeadSelfAttention2d(2, 3, positional="gaussian", hard=True).double()
     centers = [[1.0, 0.0], [-2.0, 3.0], [0.4, -1.2]]  # the last rounds to (0, −1)
     with torch.no_grad():
-        layer.centers.copy_(torch.tensor(centers, dtype=F64))
+        layer.position.centers.copy_(torch.tensor(centers, dtype=F64))
     height, width = 4, 5
     mass = border_mass(layer, height, width)
     for h, (d1, d2) in enumerate([(1, 0), (-2, 3), (0, -1)]):
@@ -130,7 +132,8 @@ def test_border_mass_matches_a_numpy_gaussian():
     layer = random_layer("gaussian", seed=5, spreads=(0.9, 1.4, 0.6))
     height, width = 5, 6
     mass = border_mass(layer, height, width).detach().numpy()
-    centers, spread = layer.centers.detach().numpy(), layer.spread.detach().numpy()
+    centers = layer.position.centers.detach().numpy()
+    spread = layer.position.spread.detach().numpy()
     d1, d2 = np.arange(-(height - 1), height), np.arange(-(width - 1), width)
     for h in range(3):
         r = np.exp(-0.5 * spread[h] ** 2 * (d1 - centers[h, 0]) ** 2)

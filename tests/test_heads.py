@@ -28,7 +28,7 @@ def generalized_model() -> ImageTransformer:
     )
     with torch.no_grad():
         layer = model.attention_layers()[0]
-        layer.spread.copy_(
+        layer.position.spread.copy_(
             torch.stack(
                 [
                     torch.diag(torch.tensor([2.0, 0.5])),
@@ -38,7 +38,9 @@ def generalized_model() -> ImageTransformer:
                 ]
             )
         )
-        layer.centers.copy_(torch.tensor([[1.0, -2.0], [0.5, 0.25], [0.0, 0.0], [-3.0, 1.5]]))
+        layer.position.centers.copy_(
+            torch.tensor([[1.0, -2.0], [0.5, 0.25], [0.0, 0.0], [-3.0, 1.5]])
+        )
     return model
 
 
@@ -71,7 +73,7 @@ def test_head_table_isotropic():
     torch.manual_seed(0)
     model = create_model("quadratic", **CONFIG)
     with torch.no_grad():
-        model.attention_layers()[1].spread.copy_(torch.tensor([0.5, 0.04, 3.0, -2.0]))
+        model.attention_layers()[1].position.spread.copy_(torch.tensor([0.5, 0.04, 3.0, -2.0]))
     rows = head_table(model)
     layer1 = [r for r in rows if r["layer"] == 1]
     assert [r["spread"] for r in layer1] == pytest.approx([0.5, 0.04, 3.0, 2.0], rel=1e-5)
@@ -120,7 +122,7 @@ def test_prune_refuses_to_empty_a_layer():
     torch.manual_seed(0)
     model = create_model("quadratic", **CONFIG)
     with torch.no_grad():
-        model.attention_layers()[1].spread.fill_(0.001)
+        model.attention_layers()[1].position.spread.fill_(0.001)
     before = copy.deepcopy(model.state_dict())
     with pytest.raises(ValueError, match="all 4 heads of attention layer 1 are degenerate"):
         prune_degenerate_heads(model)

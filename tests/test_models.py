@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from attnconv.attention import PositionalScore
 from attnconv.models import PRESETS, ImageTransformer, ResNet, create_model, resnet18
 
 NUM_CLASSES = 7
@@ -101,9 +102,7 @@ class TestEveryPreset:
             module = model.get_submodule(param_name.rsplit(".", 1)[0])
             exempt = (
                 leaf == "bias"
-                or isinstance(module, (nn.LayerNorm, nn.BatchNorm2d))
-                or leaf
-                in {"centers", "spread", "row_embedding", "col_embedding", "positional_weight"}
+                or isinstance(module, (nn.LayerNorm, nn.BatchNorm2d, PositionalScore))
             )
             assert (param_name in no_decay) == exempt, param_name
 

@@ -29,7 +29,7 @@ def export_quick(folder, name="tiny", test_accuracy=0.5):
     arguments = {**preset.model_kwargs, "num_classes": 10}
     model = create_model("quick")
     with torch.no_grad():
-        model.blocks[0].attention.centers.add_(0.25)  # differs from a fresh model
+        model.blocks[0].attention.position.centers.add_(0.25)  # differs from a fresh model
     export_pretrained(
         model,
         name,
@@ -64,7 +64,8 @@ def test_round_trip_is_exact_and_in_eval_mode(tmp_path):
     from safetensors.torch import load_file
 
     raw = load_file(str(tmp_path / info.file))
-    assert torch.equal(raw["blocks.0.attention.centers"], model.blocks[0].attention.centers)
+    centers = model.blocks[0].attention.position.centers
+    assert torch.equal(raw["blocks.0.attention.position.centers"], centers)
 
 
 def test_second_export_keeps_the_first_entry(tmp_path):

@@ -306,9 +306,10 @@ def test_prune_then_fine_tune(tmp_path) -> None:
     )
     checkpoint = load_checkpoint(source / "checkpoints" / "best.pt")
     model = checkpoint["model"]
-    model["blocks.0.attention.centers"] = torch.tensor([[3.0, 3.0], [0.0, 0.0], [-3.0, -3.0]])
-    model["blocks.0.attention.spread"][1] = 0.01 * torch.eye(2)  # inverse std 0.01: degenerate
-    model["blocks.1.attention.spread"] = torch.eye(2).repeat(3, 1, 1)
+    first, second = "blocks.0.attention.position.", "blocks.1.attention.position."
+    model[first + "centers"] = torch.tensor([[3.0, 3.0], [0.0, 0.0], [-3.0, -3.0]])
+    model[first + "spread"][1] = 0.01 * torch.eye(2)  # inverse std 0.01: degenerate
+    model[second + "spread"] = torch.eye(2).repeat(3, 1, 1)
     save_checkpoint(checkpoint, tmp_path / "degenerate.pt")
 
     out = tmp_path / "pruned"
@@ -330,7 +331,7 @@ def test_prune_then_fine_tune(tmp_path) -> None:
     pruned, saved = load_model(out / "checkpoints" / "last.pt")
     assert saved["arguments"]["heads"] == [2, 3] and pruned.heads_per_layer() == [2, 3]
     assert saved["preset"] == "quadratic-generalized-pruned" and saved["dataset"] == "digits"
-    centers = pruned.attention_layers()[0].centers.detach()
+    centers = pruned.attention_layers()[0].position.centers.detach()
     torch.testing.assert_close(centers, torch.tensor([[3.0, 3.0], [-3.0, -3.0]]), atol=0.2, rtol=0)
     assert json.loads((out / "config.json").read_text())["lr"] == 0.01
 

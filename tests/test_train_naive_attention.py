@@ -28,7 +28,7 @@ def test_naive_forward_matches_layer(kwargs: dict) -> None:
     layer = MultiHeadSelfAttention2d(12, 3, **kwargs).eval()
     with torch.no_grad():  # non-trivial geometry: centres off the grid, anisotropic spreads
         if kwargs["positional"] in ("gaussian", "gaussian_full"):
-            layer.centers.copy_(torch.tensor([[0.0, 0.0], [1.5, -2.0], [-1.0, 3.0]]))
+            layer.position.centers.copy_(torch.tensor([[0.0, 0.0], [1.5, -2.0], [-1.0, 3.0]]))
     x = torch.randn(2, 5, 7, 12)
     y_layer, p_layer = layer(x, return_attention=True)
     y_naive, p_naive = naive_attention_forward(layer, x, return_attention=True)

@@ -58,8 +58,8 @@ def test_ties_at_the_threshold_are_all_included():
 def test_sharp_head_region_is_its_centre_pixel_only(layer_kwargs):
     layer = MultiHeadSelfAttention2d(4, 2, **layer_kwargs)
     with torch.no_grad():
-        layer.centers.copy_(torch.tensor([[1.0, 2.0], [-2.0, 0.0]]))
-        layer.spread.fill_(10.0)  # inverse std: very sharp when not hard
+        layer.position.centers.copy_(torch.tensor([[1.0, 2.0], [-2.0, 0.0]]))
+        layer.position.spread.fill_(10.0)  # inverse std: very sharp when not hard
     maps = compute_attention(layer, (7, 9))
     query = (3, 3)
     for head, (dr, dc) in enumerate([(1, 2), (-2, 0)]):
@@ -87,7 +87,7 @@ def test_contour_figure_draws_exactly_the_regions():
     centers = [[[1.0, 2.0], [0.0, -1.0], [-2.0, -2.0]], [[0.0, 0.0], [2.0, 1.0], [-1.0, 3.0]]]
     for layer, c in zip(layers, centers, strict=True):
         with torch.no_grad():
-            layer.centers.copy_(torch.tensor(c))
+            layer.position.centers.copy_(torch.tensor(c))
     query = (3, 4)
     fig = contour_figure(compute_attention(layers, (7, 8)), query=query)
     axes = fig.axes
@@ -110,7 +110,7 @@ def test_contour_figure_draws_exactly_the_regions():
 def test_gaussian_contours_are_nested_and_hold_their_mass():
     layer = MultiHeadSelfAttention2d(4, 4)
     with torch.no_grad():
-        layer.spread.fill_(0.6)
+        layer.position.spread.fill_(0.6)
     maps = compute_attention(layer, (9, 9))
     for head in range(4):
         values = maps.query_maps((4, 4))[0][head].numpy()
@@ -142,9 +142,9 @@ def test_head_numbers_on_the_same_tap_do_not_overprint():
     # heads 0, 2 and 11 attend to the same key (one tap), head 1 to another
     layer = MultiHeadSelfAttention2d(4, 12, hard=True)
     with torch.no_grad():
-        layer.centers.copy_(torch.tensor([[0.0, 3.0]] * 12))
-        layer.centers[[0, 2, 11]] = torch.tensor([1.0, 1.0])
-        layer.centers[1] = torch.tensor([-2.0, 0.0])
+        layer.position.centers.copy_(torch.tensor([[0.0, 3.0]] * 12))
+        layer.position.centers[[0, 2, 11]] = torch.tensor([1.0, 1.0])
+        layer.position.centers[1] = torch.tensor([-2.0, 0.0])
     query = (4, 4)
     fig = contour_figure(compute_attention(layer, (9, 9)), query=query)
     canvas = FigureCanvasAgg(fig)

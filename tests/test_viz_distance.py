@@ -21,7 +21,7 @@ from attnconv.viz.maps import compute_attention
 def hard_layer(centers):
     layer = MultiHeadSelfAttention2d(4, len(centers), hard=True)
     with torch.no_grad():
-        layer.centers.copy_(torch.tensor(centers, dtype=torch.float32))
+        layer.position.centers.copy_(torch.tensor(centers, dtype=torch.float32))
     return layer
 
 

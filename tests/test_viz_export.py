@@ -120,8 +120,8 @@ def test_content_and_position_terms_are_each_the_right_part():
     no_position = content_model()
     with torch.no_grad():
         for layer in no_position.attention_layers():
-            layer.row_embedding.zero_()
-            layer.col_embedding.zero_()
+            layer.position.row_embedding.zero_()
+            layer.position.col_embedding.zero_()
     for model, kept, silenced in (
         (no_content, "position", "content"),
         (no_position, "content", "position"),

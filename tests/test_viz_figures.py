@@ -56,7 +56,7 @@ def test_plot_gaussian_run(tmp_path, capsys):
     run = tmp_path / "run"
     for epoch in (1, 2):
         with torch.no_grad():
-            model.attention_layers()[0].centers.add_(0.5)
+            model.attention_layers()[0].position.centers.add_(0.5)
         save_checkpoint(
             run / "checkpoints" / f"epoch_{epoch:04d}.pt", model, "quadratic", config, epoch=epoch
         )

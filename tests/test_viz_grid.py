@@ -106,7 +106,7 @@ def test_tap_mass_matches_a_loop_over_queries(h, w, heads, seed):
 def test_layer_of_hard_gaussian_heads_on_the_taps_scores_one():
     layer = MultiHeadSelfAttention2d(4, 9, positional="gaussian", hard=True)
     with torch.no_grad():
-        layer.centers.copy_(torch.tensor(TAPS_3X3, dtype=torch.float32))
+        layer.position.centers.copy_(torch.tensor(TAPS_3X3, dtype=torch.float32))
     maps = compute_attention(layer, (8, 8))
     (result,) = layer_grid_scores(maps)
     assert result.score == pytest.approx(1.0) and result.coverage == 1.0

@@ -27,8 +27,8 @@ def test_position_only_maps_match_closed_form():
     layer = MultiHeadSelfAttention2d(4, 2)
     centers, spreads = [[1.5, -0.5], [-2.0, 3.0]], [0.7, 1.3]
     with torch.no_grad():
-        layer.centers.copy_(torch.tensor(centers))
-        layer.spread.copy_(torch.tensor(spreads))
+        layer.position.centers.copy_(torch.tensor(centers))
+        layer.position.spread.copy_(torch.tensor(spreads))
     maps = compute_attention([layer, layer], (5, 7))
     assert maps.grid == (5, 7) and maps.stem == 1 and len(maps.probs) == 2
     for query in [(0, 0), (2, 3), (4, 6)]:
@@ -93,7 +93,7 @@ def test_query_index_row_major_and_bounds():
 def test_map_grid_shows_each_heads_map_zoomed_around_the_query():
     layer = MultiHeadSelfAttention2d(4, 3)
     with torch.no_grad():
-        layer.spread.fill_(0.8)
+        layer.position.spread.fill_(0.8)
     maps = compute_attention([layer, layer], (9, 10))
     query, window = (2, 7), 2
     fig = map_grid_figure(maps, query=query, window=window)

@@ -16,8 +16,8 @@ def write_epochs(run_dir, epochs, preset="quadratic", **overrides):
         for index, layer in enumerate(model.attention_layers()):
             centers = torch.randn(layer.heads, 2, generator=torch.Generator().manual_seed(epoch))
             with torch.no_grad():
-                layer.centers.copy_(centers + index)
-            saved[index].append(layer.centers.detach().clone())
+                layer.position.centers.copy_(centers + index)
+            saved[index].append(layer.position.centers.detach().clone())
         save_checkpoint(
             run_dir / "checkpoints" / f"epoch_{epoch:04d}.pt", model, preset, config, epoch=epoch
         )

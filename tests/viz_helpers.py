@@ -32,7 +32,7 @@ def small_model(preset: str, **overrides: Any) -> tuple[nn.Module, dict[str, Any
                 if linear is not None:
                     linear.weight.normal_(0.0, 1.0)
             if layer.positional == "learned":  # likewise the learned positional scores
-                for table in (layer.row_embedding, layer.col_embedding, layer.positional_weight):
+                for table in layer.position.parameters():
                     table.normal_(0.0, 1.0)
     return model, config
 

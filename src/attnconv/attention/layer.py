@@ -28,6 +28,7 @@ path draws and applies exactly the same factored mask, so both paths agree sampl
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Sequence
 from typing import Literal
 
@@ -36,10 +37,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnconv.attention import scores
+from attnconv.attention.positional import Positional, PositionalScore, positional_score_class
 from attnconv.attention.separable import separable_attention_project
 
-Positional = Literal["gaussian", "gaussian_full", "learned"]
-POSITIONAL_SCORES: tuple[str, ...] = ("gaussian", "gaussian_full", "learned")
 IMPLEMENTATIONS: tuple[str, ...] = ("auto", "dense")
 FUSED_MIN_ELEMENTS = 1 << 16
 """Separable layers without a value projection (every head attends over the raw input, as in the
@@ -61,6 +61,47 @@ def use_fused_route(device: torch.device, numel: int, value_projection: bool) ->
     """
     return (device.type in FUSED_DEVICE_TYPES and not value_projection
             and numel >= FUSED_MIN_ELEMENTS)
+
+
+_LEGACY_NAMES = {
+    "centers": "centers",
+    "spread": "spread",
+    "row_embedding": "row_embedding",
+    "col_embedding": "col_embedding",
+    "positional_weight": "weight",
+}
+"""Layer attribute / state-dict name before the scores were modules → name in ``position``."""
+
+
+def _rename_legacy_keys(
+    layer: MultiHeadSelfAttention2d, state_dict: dict, prefix: str, *_args
+) -> None:
+    """Load pre-hook: state dicts saved before the scores were modules (``centers``,
+    ``positional_weight``, …) load into ``position.centers``, ``position.weight``, …."""
+    for old, new in _LEGACY_NAMES.items():
+        if prefix + old in state_dict:
+            state_dict[f"{prefix}position.{new}"] = state_dict.pop(prefix + old)
+
+
+_warned_aliases: set[str] = set()
+
+
+def _legacy_attribute(layer: MultiHeadSelfAttention2d, old: str) -> Tensor:
+    """``layer.<old>`` (deprecated): ``layer.position.<new>``, with one DeprecationWarning."""
+    new = _LEGACY_NAMES[old]
+    if layer.position is None or not hasattr(layer.position, new):
+        raise AttributeError(
+            f"{type(layer).__name__} with positional={layer.positional!r} has no {old!r}"
+        )
+    if old not in _warned_aliases:
+        _warned_aliases.add(old)
+        warnings.warn(
+            f"MultiHeadSelfAttention2d.{old} is deprecated; use layer.position.{new} "
+            "(the positional score module)",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+    return getattr(layer.position, new)
 
 
 class MultiHeadSelfAttention2d(nn.Module):
@@ -86,12 +127,15 @@ class MultiHeadSelfAttention2d(nn.Module):
             reference); settable after construction.
 
     Shapes: input ``(B, H, W, dim)`` → output ``(B, H, W, out_dim)``; any ``H×W``.
-    Parameters (by score): ``centers (heads, 2)`` offsets in pixels (row, col); ``spread``
-    ``(heads,)`` inverse std, or ``(heads, 2, 2)`` = ``S``; ``row_embedding``/``col_embedding``
-    ``(2·max_size−1, ·)`` and ``positional_weight (heads, head_dim)``; ``query``/``key``
+    Submodules: ``position``, the positional score (``attention/positional.py``; ``None`` without
+    one), which holds its parameters: ``centers (heads, 2)`` offsets in pixels (row, col) and
+    ``spread`` ``(heads,)`` inverse std or ``(heads, 2, 2)`` = ``S``; or ``row_embedding`` /
+    ``col_embedding`` ``(2·max_size−1, ·)`` and ``weight (heads, head_dim)``. ``query``/``key``
     ``Linear(dim, heads·head_dim)``; ``value`` (only when ``head_dim ≠ dim``); ``out``
     ``Linear(heads·head_dim, out_dim)``.
     """
+
+    position: PositionalScore | None
 
     def __init__(
         self,
@@ -121,20 +165,15 @@ class MultiHeadSelfAttention2d(nn.Module):
                 raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
             if value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
-        if positional is not None and positional not in POSITIONAL_SCORES:
-            raise ValueError(
-                f"unknown positional score {positional!r}; expected one of {POSITIONAL_SCORES} or None"
-            )
-        if positional is None and not content:
+        score = None if positional is None else positional_score_class(positional)
+        if score is None and not content:
             raise ValueError("a layer needs a score: set positional and/or content=True")
-        if content_positional and positional != "learned":
+        if content_positional and not (score is not None and score.has_embeddings):
             raise ValueError(
                 f"content_positional=True needs positional='learned' (relative embeddings r_δ), "
                 f"got positional={positional!r}"
             )
-        if positional == "learned" and head_dim < 2:
-            raise ValueError(f"positional='learned' needs head_dim >= 2, got {head_dim}")
-        if hard and (positional != "gaussian" or content):
+        if hard and (score is None or content):
             raise ValueError(
                 "hard=True is the s → ∞ limit of positional='gaussian' without content"
             )
@@ -142,28 +181,30 @@ class MultiHeadSelfAttention2d(nn.Module):
             raise ValueError(f"dropout must be in [0, 1), got {dropout}")
 
         self.dim, self.heads, self.head_dim, self.out_dim = dim, heads, head_dim, out_dim
-        self.positional, self.content, self.content_positional = (
-            positional,
-            content,
-            content_positional,
-        )
-        self.dropout, self.max_size, self.hard = float(dropout), max_size, hard
+        self.content, self.content_positional = content, content_positional
+        self.dropout, self.max_size = float(dropout), max_size
         self.impl = impl
 
-        if positional in ("gaussian", "gaussian_full"):
-            self.centers = nn.Parameter(torch.empty(heads, 2))
-            spread_shape = (heads,) if positional == "gaussian" else (heads, 2, 2)
-            self.spread = nn.Parameter(torch.empty(spread_shape))
-        if positional == "learned":
-            d_row = head_dim // 2
-            self.row_embedding = nn.Parameter(torch.empty(2 * max_size - 1, d_row))
-            self.col_embedding = nn.Parameter(torch.empty(2 * max_size - 1, head_dim - d_row))
-            self.positional_weight = nn.Parameter(torch.empty(heads, head_dim))
+        # ``position`` is registered first, so its parameters come first in state dicts and
+        # optimizer groups as before it was a module (old optimizer states still line up), and
+        # built last, so a seed draws the same initial weights as before.
+        self.register_module("position", None)
         self.query = nn.Linear(dim, heads * head_dim) if (content or content_positional) else None
         self.key = nn.Linear(dim, heads * head_dim) if content else None
         self.value = nn.Linear(dim, heads * head_dim) if head_dim != dim else None
         self.out = nn.Linear(heads * head_dim, out_dim)
-        self.reset_positional_parameters()
+        if score is not None:
+            self.position = score.for_layer(heads, head_dim, max_size, hard)
+        self.register_load_state_dict_pre_hook(_rename_legacy_keys)
+
+    def __getattr__(self, name: str) -> Tensor | nn.Module:
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            if name not in _LEGACY_NAMES:
+                raise
+        # Deprecated (one release): the score's parameters as the layer held them before.
+        return _legacy_attribute(self, name)
 
     # ------------------------------------------------------------------ parameters
 
@@ -178,6 +219,21 @@ class MultiHeadSelfAttention2d(nn.Module):
         self._impl = value
 
     @property
+    def positional(self) -> str | None:
+        """Name of the positional score (a key of ``POSITIONAL_SCORES``), or ``None``."""
+        return None if self.position is None else self.position.name
+
+    @property
+    def hard(self) -> bool:
+        """True for the ``s → ∞`` limit of the isotropic Gaussian score."""
+        return self.position is not None and self.position.hard
+
+    @property
+    def has_centers(self) -> bool:
+        """True when the heads are Gaussian bumps with centres (``head_geometry`` works)."""
+        return self.position is not None and self.position.has_centers
+
+    @property
     def position_only(self) -> bool:
         """True when the probabilities depend on positions only (the same for every image)."""
         return not (self.content or self.content_positional)
@@ -185,29 +241,20 @@ class MultiHeadSelfAttention2d(nn.Module):
     @property
     def separable(self) -> bool:
         """True when position-only probabilities factor as ``R ⊗ C`` (row and column terms)."""
-        return self.position_only and self.positional in ("gaussian", "learned")
+        return self.position_only and self.position.separable
 
-    @torch.no_grad()
     def reset_positional_parameters(self) -> None:
-        """Paper initialisation: ``Δ ~ N(0, 2²)``, ``s = 1 + N(0, 0.01²)``, ``S = I + N(0, 0.01²)``."""
-        if self.positional in ("gaussian", "gaussian_full"):
-            self.centers.normal_(0.0, 2.0)
-            self.spread.normal_(0.0, 0.01)
-            if self.positional == "gaussian":
-                self.spread.add_(1.0)
-            else:
-                self.spread.add_(torch.eye(2, dtype=self.spread.dtype))
-        if self.positional == "learned":
-            nn.init.normal_(self.row_embedding, std=0.02)
-            nn.init.normal_(self.col_embedding, std=0.02)
-            nn.init.normal_(self.positional_weight, std=1.0 / math.sqrt(self.head_dim))
+        """Paper initialisation of the positional score (``position.reset_parameters``):
+        ``Δ ~ N(0, 2²)``, ``s = 1 + N(0, 0.01²)``, ``S = I + N(0, 0.01²)``, learned tables
+        ``N(0, 0.02²)``."""
+        if self.position is not None:
+            self.position.reset_parameters()
 
     def extra_repr(self) -> str:
         return (
             f"dim={self.dim}, heads={self.heads}, head_dim={self.head_dim}, "
             f"out_dim={self.out_dim}, positional={self.positional!r}, content={self.content}, "
             f"content_positional={self.content_positional}, dropout={self.dropout}"
-            + (", hard=True" if self.hard else "")
         )
 
     # ------------------------------------------------------------------ validation
@@ -232,38 +279,17 @@ class MultiHeadSelfAttention2d(nn.Module):
         self._check_size(height, width)
         return batch, height, width
 
+    def covers(self, height: int, width: int) -> bool:
+        """Whether the layer is defined on an ``H×W`` image (its positional score covers it)."""
+        return self.position is None or self.position.covers(height, width)
+
     def _check_size(self, height: int, width: int) -> None:
         if height < 1 or width < 1:
             raise ValueError(f"image must have at least one pixel, got H={height}, W={width}")
-        if self.positional == "learned" and max(height, width) > self.max_size:
-            raise ValueError(
-                f"image {height}x{width} is larger than the learned relative embeddings cover "
-                f"(max_size={self.max_size}, offsets up to ±{self.max_size - 1}); build the layer "
-                f"with max_size >= {max(height, width)}"
-            )
+        if self.position is not None:
+            self.position.check_size(height, width)
 
     # ------------------------------------------------------------------ positional terms
-
-    def _positional_logit_factors(self, height: int, width: int) -> tuple[Tensor, Tensor]:
-        """Row ``(heads, H, H)`` and column ``(heads, W, W)`` logits of a separable score."""
-        if self.positional == "gaussian":
-            return scores.gaussian_factors(self.centers, self.spread, height, width)
-        return scores.learned_factors(
-            self.row_embedding, self.col_embedding, self.positional_weight, height, width
-        )
-
-    def _positional_factors(self, height: int, width: int) -> tuple[Tensor, Tensor]:
-        """Row ``(heads, H, H)`` and column ``(heads, W, W)`` probability factors (separable)."""
-        if self.hard:
-            return scores.hard_gaussian_factors(self.centers, height, width)
-        row, col = self._positional_logit_factors(height, width)
-        return scores.softmax_without_subnormals(row), scores.softmax_without_subnormals(col)
-
-    def _positional_logits(self, height: int, width: int) -> Tensor:
-        """Position-only logits over pixels ``(heads, N, N)``."""
-        if self.positional == "gaussian_full":
-            return scores.gaussian_full_logits(self.centers, self.spread, height, width)
-        return scores.kron_sum_factors(*self._positional_logit_factors(height, width))
 
     def attention_probs(self, height: int, width: int) -> Tensor:
         """Probabilities ``(heads, H·W, H·W)`` of a position-only layer (no dropout).
@@ -277,8 +303,8 @@ class MultiHeadSelfAttention2d(nn.Module):
             )
         self._check_size(height, width)
         if self.separable:
-            return scores.kron_factors(*self._positional_factors(height, width))
-        return scores.softmax_without_subnormals(self._positional_logits(height, width))
+            return scores.kron_factors(*self.position.probability_factors(height, width))
+        return scores.softmax_without_subnormals(self.position.logits(height, width))
 
     def _factored_dropout_masks(
         self, height: int, width: int, like: Tensor
@@ -314,6 +340,7 @@ class MultiHeadSelfAttention2d(nn.Module):
         if not return_attention:
             return y
         n = height * width
+        # (heads, N, N) shared by the batch, or (B, heads, N, N) -> (B, heads, N, N)
         return y, probs.expand(batch, self.heads, n, n)
 
     def _values(self, x: Tensor) -> Tensor:
@@ -321,13 +348,15 @@ class MultiHeadSelfAttention2d(nn.Module):
         batch, height, width, _ = x.shape
         if self.value is None:
             return x.unsqueeze(1)
-        v = self.value(x).view(batch, height, width, self.heads, self.head_dim)
-        return v.permute(0, 3, 1, 2, 4)
+        v = self.value(x)  # (B, H, W, heads·d)
+        v = v.view(batch, height, width, self.heads, self.head_dim)  # (B, H, W, heads, d)
+        return v.permute(0, 3, 1, 2, 4)  # (B, heads, H, W, d)
 
     def _project_out(self, y: Tensor) -> Tensor:
         """``y (B, heads, H, W, head_dim)`` → output ``(B, H, W, out_dim)``."""
         batch, heads, height, width, head_dim = y.shape
-        y = y.permute(0, 2, 3, 1, 4).reshape(batch, height, width, heads * head_dim)
+        y = y.permute(0, 2, 3, 1, 4)  # (B, H, W, heads, d)
+        y = y.reshape(batch, height, width, heads * head_dim)  # (B, H, W, heads·d)
         return self.out(y)
 
     def _values_pixels_first(self, x: Tensor, axis: int) -> Tensor:
@@ -337,8 +366,10 @@ class MultiHeadSelfAttention2d(nn.Module):
         """
         v = self._values(x)  # (B, heads|1, H, W, d)
         if axis == 2:
-            return v.permute(1, 3, 0, 2, 4).reshape(v.shape[1], x.shape[2], -1)
-        return v.permute(1, 2, 3, 0, 4).reshape(v.shape[1], x.shape[1] * x.shape[2], -1)
+            v = v.permute(1, 3, 0, 2, 4)  # (heads|1, W, B, H, d)
+            return v.reshape(v.shape[0], x.shape[2], -1)  # (heads|1, W, B·H·d)
+        v = v.permute(1, 2, 3, 0, 4)  # (heads|1, H, W, B, d)
+        return v.reshape(v.shape[0], x.shape[1] * x.shape[2], -1)  # (heads|1, N, B·d)
 
     @staticmethod
     def _apply_per_head(probs: Tensor, values: Tensor) -> Tensor:
@@ -348,13 +379,14 @@ class MultiHeadSelfAttention2d(nn.Module):
         """
         heads, length, _ = probs.shape
         if values.shape[0] == 1:
+            # (heads·L, L) @ (L, M) -> (heads·L, M) -> (heads, L, M)
             return (probs.reshape(heads * length, length) @ values[0]).view(heads, length, -1)
         return torch.bmm(probs, values)
 
     def _forward_separable(self, x: Tensor, return_attention: bool) -> tuple[Tensor, Tensor | None]:
         """``P^h = R^h ⊗ C^h``: attend along columns with ``C^h``, then along rows with ``R^h``."""
         batch, height, width, _ = x.shape
-        row, col = self._positional_factors(height, width)
+        row, col = self.position.probability_factors(height, width)
         probs = scores.kron_factors(row, col) if return_attention else None
         if self._dropout_active:
             mask_row, mask_col = self._factored_dropout_masks(height, width, row)
@@ -370,20 +402,21 @@ class MultiHeadSelfAttention2d(nn.Module):
         # Rows: y[h, q1, (q2, b, c)] = Σ_k1 row[h, q1, k1] t[h, k1, (q2, b, c)].
         t = t.permute(0, 3, 1, 2, 4).reshape(self.heads, height, width * batch * d)
         y = torch.bmm(row.to(v.dtype), t).view(self.heads, height, width, batch, d)
-        return self._project_out(y.permute(3, 0, 1, 2, 4)), probs
+        return self._project_out(y.permute(3, 0, 1, 2, 4)), probs  # (B, heads, H, W, d)
 
     def _forward_shared(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """Position-only, non-separable: one ``(heads, N, N)`` matrix applied to the whole batch."""
         batch, height, width, _ = x.shape
-        probs = scores.softmax_without_subnormals(self._positional_logits(height, width))
+        probs = scores.softmax_without_subnormals(self.position.logits(height, width))
         applied = probs
         if self._dropout_active:
             mask = scores.kron_factors(*self._factored_dropout_masks(height, width, probs))
             applied = probs * mask
         v = self._values_pixels_first(x, axis=-1)  # (heads|1, N, B·d)
         d = v.shape[-1] // batch
-        y = self._apply_per_head(applied.to(v.dtype), v).view(self.heads, height, width, batch, d)
-        return self._project_out(y.permute(3, 0, 1, 2, 4)), probs
+        y = self._apply_per_head(applied.to(v.dtype), v)  # (heads, N, B·d)
+        y = y.view(self.heads, height, width, batch, d)
+        return self._project_out(y.permute(3, 0, 1, 2, 4)), probs  # (B, heads, H, W, d)
 
     def _content_logits(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
         """Query ``(B, heads, N, d)``, key ``(B, heads, N, d)`` or None, and the bias logits."""
@@ -391,17 +424,17 @@ class MultiHeadSelfAttention2d(nn.Module):
         n = height * width
 
         def split_heads(t: Tensor) -> Tensor:
-            return t.view(batch, n, self.heads, self.head_dim).transpose(1, 2)
+            return t.view(batch, n, self.heads, self.head_dim).transpose(1, 2)  # (B, heads, N, d)
 
-        q = split_heads(self.query(x))
+        q = split_heads(self.query(x))  # (B, N, heads·d) -> (B, heads, N, d)
         k = split_heads(self.key(x)) if self.key is not None else None
         bias = None
-        if self.positional is not None:
-            bias = self._positional_logits(height, width).to(q.dtype)
+        if self.position is not None:
+            bias = self.position.logits(height, width).to(q.dtype)  # (heads, N, N)
         if self.content_positional:
             cp = scores.content_positional_logits(
-                q, self.row_embedding, self.col_embedding, height, width
-            )
+                q, self.position.row_embedding, self.position.col_embedding, height, width
+            )  # (B, heads, N, N)
             bias = cp if bias is None else bias + cp
         return q, k, bias
 
@@ -409,7 +442,8 @@ class MultiHeadSelfAttention2d(nn.Module):
         batch, height, width, _ = x.shape
         n = height * width
         q, k, bias = self._content_logits(x)
-        v = self._values(x).flatten(2, 3).expand(batch, self.heads, n, self.head_dim)
+        v = self._values(x).flatten(2, 3)  # (B, heads|1, N, d)
+        v = v.expand(batch, self.heads, n, self.head_dim)  # (B, heads, N, d)
         if return_attention or k is None:
             probs = self._content_probs(q, k, bias)
             applied = (
@@ -421,7 +455,8 @@ class MultiHeadSelfAttention2d(nn.Module):
             y = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=bias, dropout_p=self.dropout if self._dropout_active else 0.0
             )
-        return self._project_out(y.view(batch, self.heads, height, width, self.head_dim)), probs
+        y = y.view(batch, self.heads, height, width, self.head_dim)  # (B, heads, H, W, d)
+        return self._project_out(y), probs
 
     def _content_probs(self, q: Tensor, k: Tensor | None, bias: Tensor | None) -> Tensor:
         """Explicit ``(B, heads, N, N)`` probabilities from content and positional logits."""
@@ -438,11 +473,9 @@ class MultiHeadSelfAttention2d(nn.Module):
         n = height * width
         if self.position_only:
             if self.hard:
-                probs = scores.kron_factors(
-                    *scores.hard_gaussian_factors(self.centers, height, width)
-                )
+                probs = scores.kron_factors(*self.position.probability_factors(height, width))
             else:
-                logits = self._positional_logits(height, width).expand(batch, self.heads, n, n)
+                logits = self.position.logits(height, width).expand(batch, self.heads, n, n)
                 probs = scores.softmax_without_subnormals(logits)
             if self._dropout_active:
                 mask = scores.kron_factors(*self._factored_dropout_masks(height, width, probs))
@@ -459,7 +492,8 @@ class MultiHeadSelfAttention2d(nn.Module):
             )
         v = self._values(x).flatten(2, 3)  # (B, heads|1, N, d)
         y = applied.to(v.dtype) @ v  # (B, heads, N, d)
-        return self._project_out(y.view(batch, self.heads, height, width, -1)), probs
+        y = y.view(batch, self.heads, height, width, -1)  # (B, heads, H, W, d)
+        return self._project_out(y), probs
 
     # ------------------------------------------------------------------ analysis and surgery
 
@@ -471,30 +505,11 @@ class MultiHeadSelfAttention2d(nn.Module):
         or ``I / s²``; ``inf`` entries for a singular precision) and ``condition_number (heads,)``
         of the covariance (``inf`` when singular, 1 for isotropic heads).
         """
-        if self.positional not in ("gaussian", "gaussian_full"):
+        if not self.has_centers:
             raise ValueError(
                 f"head_geometry() needs a gaussian layer, got positional={self.positional!r}"
             )
-        eye = torch.eye(2, dtype=self.spread.dtype, device=self.spread.device)
-        if self.positional == "gaussian":
-            precision = self.spread.square()[:, None, None] * eye
-        else:
-            precision = self.spread @ self.spread.transpose(-1, -2)
-        eigenvalues = torch.linalg.eigvalsh(precision.double()).clamp_min(0.0)  # ascending
-        condition = eigenvalues[:, 1] / eigenvalues[:, 0]
-        condition = torch.where(eigenvalues[:, 1] == 0, torch.ones_like(condition), condition)
-        singular = eigenvalues[:, 0] == 0
-        safe = torch.where(
-            singular[:, None, None], eye.double().expand_as(precision), precision.double()
-        )
-        covariance = torch.where(
-            singular[:, None, None], torch.full_like(safe, math.inf), torch.linalg.inv(safe)
-        )
-        return {
-            "centers": self.centers.detach().clone(),
-            "covariance": covariance.to(self.spread.dtype),
-            "condition_number": condition.to(self.spread.dtype),
-        }
+        return self.position.geometry()
 
     @torch.no_grad()
     def prune_heads(self, keep: Sequence[int]) -> None:
@@ -508,9 +523,8 @@ class MultiHeadSelfAttention2d(nn.Module):
         channels = (
             index[:, None] * self.head_dim + torch.arange(self.head_dim, device=index.device)
         ).flatten()
-        for name in ("centers", "spread", "positional_weight"):
-            if hasattr(self, name):
-                setattr(self, name, nn.Parameter(getattr(self, name)[index].clone()))
+        if self.position is not None:
+            self.position.select_heads(index)
         for name in ("query", "key", "value"):
             linear = getattr(self, name)
             if linear is not None:

@@ -151,19 +151,24 @@ def _gather_offsets(table: Tensor, n: int) -> Tensor:
     return table[:, offset_index(n, table.shape[1], table.device)]
 
 
-def content_positional_logits(
+def content_positional_factors(
     query: Tensor, row_embedding: Tensor, col_embedding: Tensor, height: int, width: int
-) -> Tensor:
-    """Logits ``q_hᵀ r_δ / √d`` (content × position) for every query and key pixel.
+) -> tuple[Tensor, Tensor]:
+    """Content × position terms per query pixel and key row / key column, not yet scaled.
+
+    ``row[b, h, q, k1] = q_h[:d_row] · r_row(k1 − q1)`` and ``col[b, h, q, k2] =
+    q_h[d_row:] · r_col(k2 − q2)``; the logit of key ``(k1, k2)`` is ``(row + col) / √d``.
 
     Args:
         query: ``(B, heads, H·W, d)`` query vectors with ``d = d_row + d_col``.
+        row_embedding, col_embedding: ``(2M−1, d_row)`` / ``(2M−1, d_col)`` as in
+            :func:`learned_offset_tables`.
     Returns:
-        ``(B, heads, H·W, H·W)`` logits.
+        ``row (B, heads, H·W, H)`` and ``col (B, heads, H·W, W)``.
     """
     batch, heads, n, dim = query.shape
     d_row = row_embedding.shape[1]
-    q = query.view(batch, heads, height, width, dim)
+    q = query.view(batch, heads, height, width, dim)  # (B, heads, N, d) -> (B, heads, H, W, d)
     # Score of every query against every row (resp. column) offset, then pick the key's offset.
     by_row_offset = q[..., :d_row] @ row_embedding.T  # (B, heads, H, W, 2M−1)
     by_col_offset = q[..., d_row:] @ col_embedding.T
@@ -175,7 +180,22 @@ def content_positional_logits(
     col_term = torch.gather(
         by_col_offset, -1, col_idx[None, :, :].expand(batch, heads, height, width, width)
     )  # (B, heads, H, W, W) over key cols
-    logits = row_term[..., :, None] + col_term[..., None, :]
+    # (B, heads, H, W, ·) -> (B, heads, N, ·): query pixels row-major
+    return row_term.reshape(batch, heads, n, height), col_term.reshape(batch, heads, n, width)
+
+
+def content_positional_logits(
+    query: Tensor, row_embedding: Tensor, col_embedding: Tensor, height: int, width: int
+) -> Tensor:
+    """Logits ``q_hᵀ r_δ / √d`` (content × position) for every query and key pixel.
+
+    Args: as :func:`content_positional_factors`.
+    Returns:
+        ``(B, heads, H·W, H·W)`` logits.
+    """
+    batch, heads, n, dim = query.shape
+    row, col = content_positional_factors(query, row_embedding, col_embedding, height, width)
+    logits = row[..., :, None] + col[..., None, :]  # (B, heads, N, H, W) over key pixels
     return logits.reshape(batch, heads, n, n) / math.sqrt(dim)
 
 

@@ -19,8 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from attnconv.attention import MultiHeadSelfAttention2d, scores
-from attnconv.attention.scores import softmax_without_subnormals
+from attnconv.attention import MultiHeadSelfAttention2d
 from attnconv.convert.theorem import AttentionConv
 
 
@@ -32,28 +31,7 @@ def offset_probabilities(layer: MultiHeadSelfAttention2d, height: int, width: in
     probabilities below ``sqrt(tiny)`` are exactly zero, hard heads split ties equally.
     """
     _check_layer(layer, height, width)
-    opts = {"device": layer.out.weight.device, "dtype": layer.out.weight.dtype}
-    d1 = torch.arange(-(height - 1), height, **opts)  # row offsets
-    d2 = torch.arange(-(width - 1), width, **opts)
-    if layer.positional == "gaussian_full":
-        logits = scores.quadratic_form_logits(layer.centers, layer.spread, d1[:, None], d2[None, :])
-        return softmax_without_subnormals(logits.flatten(1)).view_as(logits)
-    if layer.hard:
-        row = scores.nearest_offset_probs(layer.centers[:, 0], d1)
-        col = scores.nearest_offset_probs(layer.centers[:, 1], d2)
-    else:
-        if layer.positional == "gaussian":
-            row = scores.gaussian_axis_logits(layer.centers[:, 0], layer.spread, d1)
-            col = scores.gaussian_axis_logits(layer.centers[:, 1], layer.spread, d2)
-        else:  # learned: tables over offsets −(M−1)..(M−1), index M−1 is offset 0
-            middle = layer.max_size - 1
-            row, col = scores.learned_offset_tables(
-                layer.row_embedding, layer.col_embedding, layer.positional_weight
-            )
-            row = row[:, middle - (height - 1) : middle + height]
-            col = col[:, middle - (width - 1) : middle + width]
-        row, col = softmax_without_subnormals(row), softmax_without_subnormals(col)
-    return row[:, :, None] * col[:, None, :]
+    return layer.position.offset_probs(height, width)
 
 
 def head_mixing(layer: MultiHeadSelfAttention2d) -> Tensor:
@@ -140,7 +118,7 @@ def _conv_kernel(module: AttentionConv, height: int | None, width: int | None) -
     height = (kh - 1) * dh + 1 if height is None else height
     width = (kw - 1) * dw + 1 if width is None else width
     layer = module.attention
-    centers = layer.centers.detach().round().long()  # (heads, 2) tap offsets
+    centers = layer.position.centers.detach().round().long()  # (heads, 2) tap offsets
     if ((centers[:, 0].abs() > height - 1) | (centers[:, 1].abs() > width - 1)).any():
         raise ValueError(
             f"an image of {height}x{width} does not hold the tap offsets "
@@ -170,8 +148,4 @@ def _check_layer(layer: object, height: int, width: int) -> None:
     for name, n in (("height", height), ("width", width)):
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ValueError(f"{name} must be a positive int, got {n!r}")
-    if layer.positional == "learned" and max(height, width) > layer.max_size:
-        raise ValueError(
-            f"image {height}x{width} is larger than the layer's learned embeddings cover "
-            f"(max_size={layer.max_size})"
-        )
+    layer.position.check_size(height, width)

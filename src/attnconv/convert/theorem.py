@@ -129,9 +129,10 @@ class AttentionConv(nn.Module):
     Attributes: ``weight`` (the kernel, shaped as the convolution's), ``bias`` (``(out,)`` or
     ``None``), ``weight_transform`` (applied to ``weight`` each forward: identity, or e.g.
     :class:`Standardize`), ``attention`` (the layer: ``Kh·Kw`` hard or finite-spread heads,
-    ``centers`` = tap offsets in pixels, ``out.weight`` parametrized by ``weight``, ``out.bias`` is
-    ``bias``), ``dynamic_same`` and the convolution's hyper-parameters (``kernel_size``,
-    ``stride``, ``padding``, ``dilation``, ``groups``, ``padding_mode``), as on the original module.
+    ``position.centers`` = tap offsets in pixels, ``out.weight`` parametrized by ``weight``,
+    ``out.bias`` is ``bias``), ``dynamic_same`` and the convolution's hyper-parameters
+    (``kernel_size``, ``stride``, ``padding``, ``dilation``, ``groups``, ``padding_mode``), as on
+    the original module.
     ``state_dict()`` holds ``weight`` and ``bias`` only, as the convolution's does, and loads the
     convolution's.
     """
@@ -208,10 +209,9 @@ class AttentionConv(nn.Module):
         ).to(**opts)
         offsets = torch.tensor(self._keys, **opts) - torch.tensor(self._anchor, **opts)
         with torch.no_grad():
-            layer.centers.copy_(offsets)
-            layer.spread.fill_(1.0 if spread is None else spread)  # hard heads ignore it
-        layer.centers.requires_grad_(False)  # the geometry is the construction's
-        layer.spread.requires_grad_(False)
+            layer.position.centers.copy_(offsets)
+            layer.position.spread.fill_(1.0 if spread is None else spread)  # hard heads ignore it
+        layer.position.requires_grad_(False)  # the geometry is the construction's
         self.register_buffer("_tap_centers", offsets, persistent=False)
         layer.out.bias = self.bias
         layer.out.weight = self.weight  # the parametrization's original: this very parameter
@@ -338,7 +338,7 @@ class AttentionConv(nn.Module):
             return True
         if torch.compiler.is_compiling() or torch.jit.is_tracing():
             return False
-        return not torch.equal(layer.centers, self._tap_centers)
+        return not torch.equal(layer.position.centers, self._tap_centers)
 
     @torch.jit.unused
     def _layer_forward(self, x: Tensor) -> Tensor:
@@ -405,8 +405,8 @@ def _fill_attention_keys(module: AttentionConv, state_dict: dict, prefix: str, *
     """Load pre-hook: the attention layer's entries from the convolution's and the construction."""
     layer = prefix + "attention."
     derived = {
-        layer + "centers": module.attention.centers.detach(),
-        layer + "spread": module.attention.spread.detach(),
+        layer + "position.centers": module.attention.position.centers.detach(),
+        layer + "position.spread": module.attention.position.spread.detach(),
     }
     if prefix + "weight" in state_dict:
         derived[layer + "out.parametrizations.weight.original"] = state_dict[prefix + "weight"]

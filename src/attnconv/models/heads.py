@@ -31,7 +31,7 @@ def gaussian_layers(model: nn.Module) -> list[tuple[int, MultiHeadSelfAttention2
     layers = [
         (index, layer)
         for index, layer in enumerate(model.attention_layers())
-        if layer.positional in ("gaussian", "gaussian_full")
+        if layer.has_centers
     ]
     if not layers:
         kinds = sorted({str(layer.positional) for layer in model.attention_layers()})

@@ -17,16 +17,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attnconv.attention import MultiHeadSelfAttention2d
+from attnconv.attention import POSITIONAL_SCORES, MultiHeadSelfAttention2d, PositionalScore
 from attnconv.models.normalize import Normalize, check_images
 from attnconv.models.resnet import CIFAR10_MEAN, CIFAR10_STD
 
 LAYER_NORM_EPS = 1e-12
-POSITIONAL = ("gaussian", "gaussian_full", "learned", None)
-# Parameter names (last component) of the attention's positional encodings: no weight decay.
-POSITIONAL_PARAMETERS = frozenset(
-    {"centers", "spread", "row_embedding", "col_embedding", "positional_weight"}
-)
+POSITIONAL = (*POSITIONAL_SCORES, None)
 
 
 class TransformerBlock(nn.Module):
@@ -154,7 +150,6 @@ class ImageTransformer(nn.Module):
         self.positional = positional
         self.max_size = max_size
         self.image_size = (int(image_size[0]), int(image_size[1]))
-        self.token_grid(*self.image_size)
 
         self.normalize = Normalize(mean, std, in_channels)
         self.embed = nn.Linear(in_channels * stem * stem, hidden)
@@ -173,6 +168,7 @@ class ImageTransformer(nn.Module):
             )
             for layer_heads in heads_per_layer
         )
+        self.token_grid(*self.image_size)  # the attention layers say which grids they cover
         self.classifier = nn.Linear(hidden, num_classes)
         self._init_weights(init_std)
 
@@ -194,7 +190,7 @@ class ImageTransformer(nn.Module):
                 f"the space-to-depth stem needs H and W to be positive multiples of {self.stem}"
             )
         h, w = height // self.stem, width // self.stem
-        if self.positional == "learned" and max(h, w) > self.max_size:
+        if not all(layer.covers(h, w) for layer in self.attention_layers()):
             raise ValueError(
                 f"image size {height}x{width} gives a {h}x{w} token grid, larger than the "
                 f"learned encoding's max_size={self.max_size}; build the model with "
@@ -234,10 +230,16 @@ class ImageTransformer(nn.Module):
         return (logits, attentions) if return_attention else logits
 
     def no_weight_decay_parameters(self) -> set[str]:
-        """Names of parameters trained without weight decay: the attention's positional
-        geometry and embeddings, LayerNorm scales/shifts and biases."""
+        """Names of parameters trained without weight decay: the attention's positional scores
+        (geometry and embeddings), LayerNorm scales/shifts and biases."""
+        positional = {
+            id(param)
+            for module in self.modules()
+            if isinstance(module, PositionalScore)
+            for param in module.parameters()
+        }
         return {
             name
             for name, param in self.named_parameters()
-            if param.ndim <= 1 or name.rsplit(".", 1)[-1] in POSITIONAL_PARAMETERS
+            if param.ndim <= 1 or id(param) in positional
         }

@@ -168,31 +168,20 @@ def score_terms(layer: MultiHeadSelfAttention2d, x: Tensor) -> ScoreTerms:
         scaled_query = q / math.sqrt(d)
         content = scaled_query @ k.transpose(-1, -2)
     vectors = {"query": scaled_query, "key": k}
-    if layer.positional is None:
+    position = layer.position
+    if position is None:
         return ScoreTerms(content, **vectors)
-    if layer.positional == "gaussian_full":
-        return ScoreTerms(
-            content,
-            position_dense=scores.gaussian_full_logits(layer.centers, layer.spread, h, w),
-            **vectors,
-        )
-    if layer.positional == "gaussian":
-        row, col = scores.gaussian_factors(layer.centers, layer.spread, h, w)
-    else:
-        row, col = scores.learned_factors(
-            layer.row_embedding, layer.col_embedding, layer.positional_weight, h, w
-        )
+    if not position.separable:
+        return ScoreTerms(content, position_dense=position.logits(h, w), **vectors)
+    row, col = position.factors(h, w)  # (heads, h, h), (heads, w, w)
     position_row = row[:, rows].expand(batch, -1, -1, -1)  # (B, heads, N, h)
     position_col = col[:, cols].expand(batch, -1, -1, -1)  # (B, heads, N, w)
     if layer.content_positional:
-        d_row = layer.row_embedding.shape[1]
-        by_row = q[..., :d_row] @ layer.row_embedding.T  # (B, heads, N, 2M−1)
-        by_col = q[..., d_row:] @ layer.col_embedding.T
-        row_index = scores.offset_index(h, layer.row_embedding.shape[0], x.device)[rows]
-        col_index = scores.offset_index(w, layer.col_embedding.shape[0], x.device)[cols]
-        expand = (batch, layer.heads, -1, -1)
-        position_row = position_row + by_row.gather(-1, row_index.expand(*expand)) / math.sqrt(d)
-        position_col = position_col + by_col.gather(-1, col_index.expand(*expand)) / math.sqrt(d)
+        by_row, by_col = scores.content_positional_factors(
+            q, position.row_embedding, position.col_embedding, h, w
+        )  # (B, heads, N, h), (B, heads, N, w)
+        position_row = position_row + by_row / math.sqrt(d)
+        position_col = position_col + by_col / math.sqrt(d)
     return ScoreTerms(content, position_row, position_col, **vectors)
 
 

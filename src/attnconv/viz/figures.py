@@ -24,14 +24,13 @@ from attnconv.viz.maps import (
 from attnconv.viz.style import save_figure
 from attnconv.viz.trajectories import load_center_trajectories, trajectory_figure
 
-GAUSSIAN = ("gaussian", "gaussian_full")
 # Grey level of the uniform probe image used for content models when no images are given.
 PROBE_GREY = 0.5
 
 
 def is_gaussian(model: nn.Module) -> bool:
     """True when every attention layer of ``model`` has a Gaussian positional score."""
-    return all(layer.positional in GAUSSIAN for layer in attention_layers(model))
+    return all(layer.has_centers for layer in attention_layers(model))
 
 
 def attention_figure(
