@@ -18,8 +18,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from attnconv.attention import POSITIONAL_SCORES, MultiHeadSelfAttention2d, PositionalScore
+from attnconv.data.statistics import CIFAR10_MEAN, CIFAR10_STD
 from attnconv.models.normalize import Normalize, check_images
-from attnconv.models.resnet import CIFAR10_MEAN, CIFAR10_STD
 
 LAYER_NORM_EPS = 1e-12
 POSITIONAL = (*POSITIONAL_SCORES, None)
