@@ -26,6 +26,7 @@ from attnconv.convert.theorem import (
     Standardize,
     conv_to_attention,
 )
+from attnconv.models.modes import evaluating
 
 Rule = Callable[[nn.Module, float | None], nn.Module]
 """``rule(conv, spread) -> module``: the attention module reproducing ``conv``'s own forward."""
@@ -175,13 +176,8 @@ def probe_error(original: nn.Module, converted: nn.Module, probe: Tensor) -> flo
     """
     outputs = []
     for net in (original, converted):
-        modes = {m: m.training for m in net.modules()}
-        net.eval()
-        try:
+        with evaluating(net):
             outputs.append(_tensors(net(probe)))
-        finally:
-            for m, mode in modes.items():
-                m.training = mode
     reference, value = outputs
     if len(reference) != len(value) or any(
         a.shape != b.shape for a, b in zip(reference, value, strict=False)
