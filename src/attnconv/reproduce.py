@@ -15,7 +15,6 @@
 
 from __future__ import annotations
 
-import argparse
 import csv
 import json
 import sys
@@ -51,31 +50,6 @@ RESULT_COLUMNS: tuple[str, ...] = (
     "grid_coverage",
     "attention_distance",
 )
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("experiment", choices=tuple(EXPERIMENTS), help="the dataset")
-    parser.add_argument("--out", default="reproduce-fashion-mnist", help="the experiment folder")
-    parser.add_argument(
-        "--presets",
-        nargs="+",
-        metavar="PRESET",
-        help="only these models of the experiment (default: all)",
-    )
-    parser.add_argument(
-        "--precision",
-        choices=("auto", "fp32", "bf16"),
-        default="auto",
-        help="training precision of new runs (auto: bfloat16 where native)",
-    )
-    parser.add_argument("--data-dir", help="where datasets live")
-    parser.add_argument(
-        "--export-weights",
-        nargs="?",
-        const="",
-        metavar="FOLDER",
-        help="write the best checkpoints as shipped weights (default folder: the package's own)",
-    )
 
 
 def selected_presets(experiment: str, presets: list[str] | None) -> tuple[str, ...]:
@@ -306,28 +280,39 @@ def export_test_samples(data: DataSplits, folder: Path) -> Path:
     )
 
 
-def run(args: argparse.Namespace) -> int:
+def run_experiment(
+    experiment: str,
+    out: str | Path,
+    presets: list[str] | None = None,
+    precision: str = "auto",
+    data_dir: str | None = None,
+    export_weights: str | Path | None = None,
+) -> list[Path]:
+    """Train (or resume, or skip) every selected model of ``experiment`` into ``out``, analyse
+    them and write the results table; returns the table's files.
+
+    ``export_weights``: a folder to ship the best checkpoints into (``""``: the package's own
+    weights folder); ``None`` ships nothing.
+    """
     from attnconv.hardware import machine_description
 
-    presets = selected_presets(args.experiment, args.presets)
-    out = Path(args.out)
+    presets = selected_presets(experiment, presets)
+    out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     for preset in presets:
-        train_run(preset, args.experiment, out / preset, args.precision, args.data_dir)
-    rows = [
-        analyse_run(out / preset, out / "figures" / preset, args.data_dir) for preset in presets
-    ]
+        train_run(preset, experiment, out / preset, precision, data_dir)
+    rows = [analyse_run(out / preset, out / "figures" / preset, data_dir) for preset in presets]
     files = write_results(rows, out, machine_description("cpu"))
     print((out / "results.md").read_text())
-    if args.export_weights is not None:
+    if export_weights is not None:
         from attnconv.data import load_splits
         from attnconv.models.pretrained import WEIGHTS_DIR
 
-        folder = Path(args.export_weights) if args.export_weights else WEIGHTS_DIR
-        data = load_splits(args.experiment, args.data_dir)  # once for every model
+        folder = Path(export_weights) if export_weights else WEIGHTS_DIR
+        data = load_splits(experiment, data_dir)  # once for every model
         for preset in presets:
             accuracy = export_run(out / preset, data, folder)
             print(f"{preset}: shipped, float32 test accuracy {accuracy:.4f}")
         export_test_samples(data, folder)
     print(f"wrote {', '.join(str(f) for f in files)} and {out / 'figures'}", file=sys.stderr)
-    return 0
+    return files

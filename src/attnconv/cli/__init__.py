@@ -31,43 +31,43 @@ from attnconv.runs import os_error_reason
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "convert": (
-        "attnconv.convert.command",
+        "attnconv.cli.convert",
         "check the conv → attention construction: configuration battery (--check), spread sweep (--sweep)",
     ),
     "plot": (
-        "attnconv.viz.cli_plot",
+        "attnconv.cli.plot",
         "draw a checkpoint's attention figures (contours, maps, distances, centre trajectories)",
     ),
     "explore": (
-        "attnconv.viz.cli_explore",
+        "attnconv.cli.explore",
         "write an offline web page to click through the attention of a checkpoint or the shipped models",
     ),
     "report": (
-        "attnconv.viz.cli_report",
+        "attnconv.cli.report",
         "compare training runs: accuracy curves and a Table-1-style summary",
     ),
     "train": (
-        "attnconv.train.command",
+        "attnconv.cli.train",
         "train a preset (from scratch, resumed exactly, or fine-tuned from a checkpoint)",
     ),
     "eval": (
-        "attnconv.train.eval_command",
+        "attnconv.cli.eval",
         "accuracy and cross-entropy of a checkpoint on its dataset's test (or validation) split",
     ),
     "reproduce": (
-        "attnconv.reproduce",
+        "attnconv.cli.reproduce",
         "the paper's experiment on a dataset: train every model, Table 1, grid scores, figures",
     ),
     "demo": (
-        "attnconv.train.demo_command",
+        "attnconv.cli.demo",
         "the paper in a few CPU minutes, no download: Theorem 1, training on digits, figures",
     ),
     "models": (
-        "attnconv.models.cli_models",
+        "attnconv.cli.models",
         "list the model presets with parameters and forward multiply-adds per image",
     ),
     "heads": (
-        "attnconv.models.cli_heads",
+        "attnconv.cli.heads",
         "print each Gaussian attention head of a checkpoint and flag the degenerate ones",
     ),
 }
