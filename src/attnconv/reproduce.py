@@ -21,6 +21,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from attnconv.errors import UserError
+
 if TYPE_CHECKING:
     from attnconv.data import DataSplits
     from attnconv.viz.maps import AttentionMaps
@@ -53,13 +55,13 @@ RESULT_COLUMNS: tuple[str, ...] = (
 
 
 def selected_presets(experiment: str, presets: list[str] | None) -> tuple[str, ...]:
-    """The experiment's presets, or the given subset of them (ValueError for others)."""
+    """The experiment's presets, or the given subset of them (UserError for others)."""
     known = EXPERIMENTS[experiment]
     if not presets:
         return known
     unknown = [p for p in presets if p not in known]
     if unknown:
-        raise ValueError(
+        raise UserError(
             f"{', '.join(unknown)} not in experiment {experiment!r}; its presets: {', '.join(known)}"
         )
     return tuple(presets)
@@ -79,8 +81,9 @@ def train_run(
     preset: str, experiment: str, run_dir: Path, precision: str, data_dir: str | None
 ) -> None:
     """Train ``preset`` into ``run_dir``, resume it, or leave it if finished."""
-    from attnconv.train.config import load_config, resolve_config
+    from attnconv.train.config import resolve_config
     from attnconv.train.loop import train
+    from attnconv.viz.figures import attention_figure
 
     state = run_state(run_dir)
     if state == "finished":
@@ -88,12 +91,12 @@ def train_run(
         return
     if state == "interrupted":
         print(f"{preset}: resuming {run_dir}")
-        train(load_config(run_dir / "config.json"), run_dir, resume=True)
+        train(None, run_dir, resume=True, epoch_figure=attention_figure)
         return
-    overrides = {"precision": precision, "checkpoint_every": 1}
-    if data_dir is not None:
-        overrides["data_dir"] = data_dir
-    train(resolve_config(preset, experiment, overrides), run_dir)
+    config = resolve_config(
+        preset, experiment, precision=precision, checkpoint_every=1, data_dir=data_dir
+    )
+    train(config, run_dir, epoch_figure=attention_figure)
 
 
 def layer_summaries(maps: AttentionMaps) -> dict[str, Any]:

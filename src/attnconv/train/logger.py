@@ -7,6 +7,7 @@ records after each checkpoint, so it always matches ``checkpoints/last.pt``, als
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,10 @@ from torch import nn
 from tqdm import tqdm
 
 from attnconv.runs import write_atomic
+
+# ``(model, (H, W)) -> matplotlib Figure``: what TensorBoard shows of a model with attention after
+# each epoch (``attnconv.viz.figures.attention_figure``; train never imports viz itself).
+EpochFigure = Callable[[nn.Module, tuple[int, int]], Any]
 
 
 def write_text_atomic(path: Path, text: str) -> None:
@@ -43,12 +48,21 @@ class RunLogger:
         run_dir: the run folder.
         epochs: the run's length (for console lines).
         enabled: False on the other ranks: every method is then a no-op.
-        tensorboard: write ``run_dir/tensorboard`` event files: scalars, and for attention
-            models the figure of ``attnconv.viz.figures.attention_figure`` every epoch.
+        tensorboard: write ``run_dir/tensorboard`` event files: scalars, and for models with
+            attention ``figure``'s figure every epoch.
+        figure: draws the per-epoch figure (called in eval mode; the model's mode is restored);
+            None: scalars only.
     """
 
-    def __init__(self, run_dir: Path, epochs: int, enabled: bool, tensorboard: bool) -> None:
-        self.run_dir, self.epochs, self.enabled = run_dir, epochs, enabled
+    def __init__(
+        self,
+        run_dir: Path,
+        epochs: int,
+        enabled: bool,
+        tensorboard: bool,
+        figure: EpochFigure | None = None,
+    ) -> None:
+        self.run_dir, self.epochs, self.enabled, self.figure = run_dir, epochs, enabled, figure
         self.writer = None
         if enabled and tensorboard:
             from torch.utils.tensorboard import SummaryWriter
@@ -77,13 +91,11 @@ class RunLogger:
             self.writer.add_scalar(f"loss/{split}", record[f"{split}_loss"], step)
             self.writer.add_scalar(f"accuracy/{split}", record[f"{split}_acc"], step)
         self.writer.add_scalar("images_per_s", record["images_per_s"], step)
-        if hasattr(model, "attention_layers"):
-            from attnconv.viz.figures import attention_figure
-
+        if self.figure is not None and hasattr(model, "attention_layers"):
             was_training = model.training
             model.eval()
             try:
-                self.writer.add_figure("attention", attention_figure(model, image_size), step)
+                self.writer.add_figure("attention", self.figure(model, image_size), step)
             finally:
                 model.train(was_training)
         self.writer.flush()
