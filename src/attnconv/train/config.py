@@ -4,8 +4,9 @@
 ``TrainConfig``'s defaults (the paper's recipe), applies the preset's recipe (its departures from
 them, ``attnconv.PRESETS[name].recipe``), then the typed settings (``epochs=10``: Python values,
 type-checked, as the command line's flags give them) and the free ``key=value`` overrides (strings
-parsed by each field's type), and checks every value. Keys prefixed with ``model.`` override the
-preset's model constructor arguments. A key may be given once, as a setting or as an override.
+parsed by each field's type; of a key given twice there, the last counts), and checks every value.
+Keys prefixed with ``model.`` override the preset's model constructor arguments. A key may not be
+both a setting and an override.
 
 When ``epochs`` is set but ``milestones`` is not, the step schedule's milestones are scaled in
 proportion to the run length (``round(m · epochs / recipe epochs)``, those that fall at or past the
@@ -173,11 +174,14 @@ def resolve_config(
         if "dataset" in settings:
             raise UserError("the dataset is given twice (as the argument and a setting)")
         settings["dataset"] = dataset
+    settled: set[str] = set()  # the keys of settings
     given: set[str] = set()
 
     def set_value(key: str, value: Any, parse: bool) -> None:
-        if key in given:
+        if parse and key in settled:
             raise UserError(f"{key} is given twice (as a flag and as {key}=...); give it once")
+        if not parse:
+            settled.add(key)
         given.add(key)
         convert = coerce if parse else check_value
         if key.startswith(MODEL_PREFIX):
