@@ -70,3 +70,39 @@ def test_lazy_exports():
     assert out.split("\n")[:3] == ["False", "attnconv.attention.layer True", "True"]
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         attnconv.nope  # noqa: B018
+
+
+# ---------------------------------------------------------------------------- errors
+
+
+def test_a_user_mistake_is_one_line_with_exit_status_2(capsys):
+    assert main(["train", "--preset", "quick", "milestones=3"]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        "attnconv train: error: milestones apply to schedule=step only; the cosine schedule has "
+        "none (got milestones=3)\n"
+    )
+    assert main(["train", "--preset", "nope"]) == 2
+    assert "unknown preset 'nope'; valid presets: quadratic" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("error", [ValueError, TypeError])
+def test_an_internal_value_or_type_error_keeps_its_traceback(monkeypatch, error):
+    from attnconv.cli import models
+
+    def broken(args):
+        return int("not a number") if error is ValueError else len(3)  # a bug, not the user's
+
+    monkeypatch.setattr(models, "run", broken)
+    with pytest.raises(error):
+        main(["models"])
+
+
+def test_a_command_module_imports_no_torch_before_it_runs():
+    out = run_python(
+        "import sys\n"
+        "from attnconv.cli import build_parser\n"
+        "build_parser('convert')\n"
+        "print('torch imported:', 'torch' in sys.modules)\n"
+    )
+    assert out.strip() == "torch imported: False"

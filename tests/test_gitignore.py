@@ -14,7 +14,7 @@ WRITTEN = [
     "test-artifacts/explorer.png",
     "src/attnconv.egg-info/PKG-INFO",
 ]
-SOURCE = ["README.md", "scripts/install.sh", "src/attnconv/train/demo.py", "tests/conftest.py",
+SOURCE = ["README.md", "scripts/install.sh", "src/attnconv/demo.py", "tests/conftest.py",
           "tests/fixtures/checkpoint-v1/quick-digits.pt"]
 
 

@@ -23,17 +23,6 @@ LEVELS = {
     **dict.fromkeys(("cli", "__main__", ""), 6),  # "": the package's own __init__ (its façade)
 }
 APART = {("viz", "train"), ("train", "convert")}  # lower, yet never imported
-# Upward (or apart) edges that the move of every command into attnconv/cli/ and of the demo to the top
-# removes (issue #10, the CLI lane); the lead empties this set after merging that move.
-KNOWN_UPWARD = {
-    ("attnconv.train.command", "attnconv.cli"),
-    ("attnconv.train.demo", "attnconv.convert.check"),
-    ("attnconv.train.demo", "attnconv.viz.figures"),
-    ("attnconv.train.demo", "attnconv.viz.grid"),
-    ("attnconv.train.demo", "attnconv.viz.report"),
-    ("attnconv.train.demo", "attnconv.viz.style"),
-    ("attnconv.train.logger", "attnconv.viz.figures"),
-}
 
 
 def module_names() -> dict[str, Path]:
@@ -89,8 +78,7 @@ def test_imports_point_down_and_keep_apart():
         for target in targets
         if level(target) > level(module) or (room(module), room(target)) in APART
     }
-    assert sorted(upward - KNOWN_UPWARD) == []
-    assert sorted(KNOWN_UPWARD - upward) == [], "an edge is gone: remove it from KNOWN_UPWARD"
+    assert sorted(upward) == []
 
 
 def test_no_cycles():

@@ -12,6 +12,7 @@ from attnconv import reproduce
 from attnconv.models import create_model
 from attnconv.train.config import resolve_config
 from attnconv.train.loop import train
+from attnconv.viz.figures import attention_figure
 from attnconv.viz.grid import layer_grid_scores
 from attnconv.viz.maps import compute_attention
 
@@ -51,11 +52,11 @@ def test_finished_runs_are_skipped_and_interrupted_ones_resumed(tmp_path, monkey
     interrupted = tmp_path / "interrupted"
     (interrupted / "checkpoints").mkdir(parents=True)
     (interrupted / "checkpoints" / "last.pt").write_bytes(b"")
-    (interrupted / "config.json").write_text((quick_run / "config.json").read_text())
     assert reproduce.run_state(interrupted) == "interrupted"
     reproduce.train_run("quick", "digits", interrupted, "fp32", None)
     ((args, kwargs),) = calls
-    assert args[1] == interrupted and kwargs == {"resume": True}
+    assert args == (None, interrupted)  # the config saved in last.pt, the one source of truth
+    assert kwargs == {"resume": True, "epoch_figure": attention_figure}
 
     calls.clear()
     assert reproduce.run_state(tmp_path / "new") == "new"

@@ -6,10 +6,13 @@ import re
 
 import pytest
 
-from attnconv.models import PRESETS
+from attnconv.errors import UserError
+from attnconv.models import PRESETS, Preset
 from attnconv.train.config import (
     CONFIG_KEYS,
+    RECIPE_KEYS,
     TrainConfig,
+    check_value,
     coerce,
     load_config,
     resolve_config,
@@ -20,16 +23,49 @@ from attnconv.train.schedule import LRSchedule, build_schedule
 # ---------------------------------------------------------------------------- config
 
 
-@pytest.mark.parametrize("preset", sorted(set(PRESETS) - {"quadratic-generalized-pruned"}))
-def test_presets_resolve_to_their_recipe(preset: str) -> None:
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_every_preset_recipe_resolves_to_its_values(preset: str) -> None:
     recipe = PRESETS[preset].recipe
-    config = resolve_config(preset)
-    assert (config.lr, config.momentum, config.weight_decay) == (
-        recipe.lr, recipe.momentum, recipe.weight_decay)
-    assert (config.batch_size, config.epochs, config.schedule) == (
-        recipe.batch_size, recipe.epochs, recipe.schedule)
-    assert config.dataset == recipe.dataset
-    assert config.milestones == tuple(recipe.milestones)
+    assert set(recipe) <= set(RECIPE_KEYS)
+    init = {"init": "a.pt"} if PRESETS[preset].requires_init else {}
+    config = resolve_config(preset, **init)
+    defaults = TrainConfig(preset=preset, dataset=PRESETS[preset].dataset)
+    for key in RECIPE_KEYS:
+        expected = recipe.get(key, getattr(defaults, key))
+        assert getattr(config, key) == (tuple(expected) if key == "milestones" else expected), key
+    assert config.dataset == PRESETS[preset].dataset
+
+
+def test_a_bad_recipe_is_named_when_a_config_is_resolved(monkeypatch) -> None:
+    bad = Preset("bad", "", "image_transformer", {}, {"lr": "fast"})
+    monkeypatch.setitem(PRESETS, "bad", bad)
+    with pytest.raises(UserError, match="preset 'bad' recipe lr: expected float, got 'fast'"):
+        resolve_config("bad")
+    monkeypatch.setitem(PRESETS, "bad", Preset("bad", "", "image_transformer", {}, {"seed": 1}))
+    with pytest.raises(UserError, match=re.escape("recipe key(s) seed are not training settings")):
+        resolve_config("bad")
+
+
+def test_recipe_is_a_deprecated_alias_of_the_mapping() -> None:
+    from attnconv.models import Recipe
+
+    with pytest.warns(DeprecationWarning, match="Recipe is deprecated"):
+        recipe = Recipe(lr=0.01, epochs=3)
+    assert recipe == {"lr": 0.01, "epochs": 3}
+    with pytest.raises(TypeError, match="dataset: now arguments of Preset"):
+        Recipe(dataset="digits")
+
+
+def test_typed_settings_are_checked_not_parsed() -> None:
+    config = resolve_config("quick", epochs=3, compile=True, precision="fp32", data_dir=None,
+                            model={"dropout": 0.1})
+    assert (config.epochs, config.compile, config.precision) == (3, True, "fp32")
+    assert config.model == {"dropout": 0.1}
+    with pytest.raises(UserError, match="epochs: expected int, got '3'"):
+        resolve_config("quick", epochs="3")
+    with pytest.raises(UserError, match="epochs is given twice"):
+        resolve_config("quick", overrides=["epochs=4"], epochs=3)
+    assert check_value([1, 2], tuple[int, ...], "milestones") == (1, 2)
 
 
 def test_paper_recipe_values() -> None:
@@ -44,7 +80,7 @@ def test_paper_recipe_values() -> None:
 def test_string_overrides_are_parsed_by_type() -> None:
     config = resolve_config("quick", overrides=[
         "epochs=7", "lr=0.05", "compile=true", "grad_clip=2.5", "val_size=0.2",
-        "milestones=3,5", "model.heads=3,2", "model.head_dim=none", "model.dropout=0",
+        "schedule=step", "milestones=3,5", "model.heads=3,2", "model.head_dim=none", "model.dropout=0",
         "precision=bf16", "tensorboard=no",
     ])
     assert config.epochs == 7 and isinstance(config.epochs, int)
@@ -57,42 +93,43 @@ def test_string_overrides_are_parsed_by_type() -> None:
 
 def test_python_values_are_type_checked() -> None:
     assert resolve_config("quick", overrides={"lr": 1}).lr == 1.0
-    with pytest.raises(TypeError, match=re.escape("epochs: expected int, got 2.5")):
+    with pytest.raises(UserError, match=re.escape("epochs: expected int, got 2.5")):
         resolve_config("quick", overrides={"epochs": 2.5})
-    with pytest.raises(TypeError, match="compile: expected bool"):
+    with pytest.raises(UserError, match="compile: expected bool"):
         resolve_config("quick", overrides={"compile": 1})
 
 
-@pytest.mark.parametrize(("override", "error", "message"), [
-    ("epochs=1.5", TypeError, "epochs: expected int, got '1.5'"),
-    ("lr=fast", TypeError, "lr: expected float, got 'fast'"),
-    ("lr=nan", TypeError, "lr: expected float"),
-    ("compile=maybe", TypeError, "compile: expected bool"),
-    ("model.heads=a,b", TypeError, "model.heads: expected int | Sequence"),
-    ("lr=-0.1", ValueError, "lr must be > 0, got -0.1"),
-    ("lr=0", ValueError, "lr must be > 0"),
-    ("epochs=-3", ValueError, "epochs must be >= 1, got -3"),
-    ("batch_size=0", ValueError, "batch_size must be >= 1"),
-    ("momentum=1", ValueError, r"momentum must be in \[0, 1\)"),
-    ("weight_decay=-1e-4", ValueError, "weight_decay must be >= 0"),
-    ("warmup_fraction=1", ValueError, "warmup_fraction"),
-    ("milestones=5,3", ValueError, "milestones must be non-decreasing"),
-    ("schedule=linear", ValueError, "unknown schedule 'linear'; valid schedules: cosine, step"),
-    ("precision=fp16", ValueError, "unknown precision 'fp16'; valid: auto, fp32, bf16"),
-    ("dataset=mnist", ValueError, "unknown dataset 'mnist'; valid datasets: cifar10"),
-    ("grad_clip=0", ValueError, "grad_clip must be > 0"),
-    ("device=tpu", ValueError, "device must be auto, cpu, cuda or cuda:N"),
-    ("checkpoint_every=-1", ValueError, "checkpoint_every must be >= 0"),
-    ("init=x.pt", ValueError, "--init is only for presets that fine-tune"),
-    ("bogus=1", ValueError, "unknown config key 'bogus'; valid keys: preset, dataset"),
-    ("model.bogus=1", ValueError, "unknown model key 'model.bogus' for preset 'quick'; valid "
-                                  "model keys: model.stem, model.hidden"),
-    ("model.num_classes=3", ValueError, "unknown model key 'model.num_classes'"),
-    ("lr", ValueError, "expected an override of the form key=value, got 'lr'"),
-    ("preset=quadratic", ValueError, "the preset is 'quick'"),
+@pytest.mark.parametrize(("override", "message"), [
+    ("epochs=1.5", "epochs: expected int, got '1.5'"),
+    ("lr=fast", "lr: expected float, got 'fast'"),
+    ("lr=nan", "lr: expected float"),
+    ("compile=maybe", "compile: expected bool"),
+    ("model.heads=a,b", "model.heads: expected int | Sequence"),
+    ("lr=-0.1", "lr must be > 0, got -0.1"),
+    ("lr=0", "lr must be > 0"),
+    ("epochs=-3", "epochs must be >= 1, got -3"),
+    ("batch_size=0", "batch_size must be >= 1"),
+    ("momentum=1", r"momentum must be in \[0, 1\)"),
+    ("weight_decay=-1e-4", "weight_decay must be >= 0"),
+    ("warmup_fraction=1", "warmup_fraction"),
+    ("milestones=5,3", "milestones apply to schedule=step only"),
+    ("data_dir=/data", "data_dir does nothing for 'digits'"),
+    ("schedule=linear", "unknown schedule 'linear'; valid schedules: cosine, step"),
+    ("precision=fp16", "unknown precision 'fp16'; valid: auto, fp32, bf16"),
+    ("dataset=mnist", "unknown dataset 'mnist'; valid datasets: cifar10"),
+    ("grad_clip=0", "grad_clip must be > 0"),
+    ("device=tpu", "device must be auto, cpu, cuda or cuda:N"),
+    ("checkpoint_every=-1", "checkpoint_every must be >= 0"),
+    ("init=x.pt", "--init is only for presets that fine-tune"),
+    ("bogus=1", "unknown config key 'bogus'; valid keys: preset, dataset"),
+    ("model.bogus=1", "unknown model key 'model.bogus' for preset 'quick'; valid "
+     "model keys: model.stem, model.hidden"),
+    ("model.num_classes=3", "unknown model key 'model.num_classes'"),
+    ("lr", "expected an override of the form key=value, got 'lr'"),
+    ("preset=quadratic", "the preset is 'quick'"),
 ])
-def test_bad_values_are_named(override: str, error: type, message: str) -> None:
-    with pytest.raises(error, match=message):
+def test_bad_values_are_named(override: str, message: str) -> None:
+    with pytest.raises(UserError, match=message):  # what the command line prints as one line
         resolve_config("quick", overrides=[override])
 
 
@@ -112,8 +149,30 @@ def test_milestones_scale_with_a_shorter_run() -> None:
     assert resolve_config("resnet18", overrides=["epochs=30"]).milestones == (8, 15, 25)
     # 80·3/300 = 0.8 → 1, 1.5 → 2, 2.5 → 2 (round half to even): the rate drops 10× then 100×
     assert resolve_config("resnet18", overrides=["epochs=3"]).milestones == (1, 2, 2)
+    # 80·2/300 = 0.53 → 1, 1.0 → 1, 1.67 → 2: the one at the last epoch would never act
+    assert resolve_config("resnet18", epochs=2).milestones == (1, 1)
     explicit = resolve_config("resnet18", overrides=["epochs=30", "milestones=10,20"])
     assert explicit.milestones == (10, 20)
+    with pytest.raises(UserError, match=r"milestones must be non-decreasing epochs in \[1, epochs=30\)"):
+        resolve_config("resnet18", overrides=["epochs=30", "milestones=10,30"])
+
+
+def test_milestones_belong_to_the_step_schedule() -> None:
+    with pytest.raises(UserError, match="milestones apply to schedule=step only; the cosine"):
+        resolve_config("quadratic", milestones=(100,))
+    assert resolve_config("resnet18", schedule="cosine").milestones == ()  # the recipe's dropped
+    assert resolve_config("quadratic", schedule="step").milestones == ()  # a constant rate
+    step = resolve_config("quadratic", overrides=["schedule=step", "milestones=100,200"])
+    assert step.milestones == (100, 200)
+
+
+def test_saved_configs_of_earlier_versions_drop_milestones_that_did_nothing(tmp_path) -> None:
+    values = resolve_config("quick").to_dict()
+    values["milestones"] = [80, 150, 250]  # every config of a cosine run used to hold these
+    assert TrainConfig.from_dict(values).milestones == ()
+    resnet = resolve_config("resnet18", epochs=10).to_dict()
+    resnet["milestones"] = [3, 5, 10]
+    assert TrainConfig.from_dict(resnet).milestones == (3, 5)
 
 
 def test_config_json_round_trip(tmp_path) -> None:
@@ -143,9 +202,9 @@ def test_load_config_errors(tmp_path) -> None:
 
 def test_coerce_tuple_of_fixed_length() -> None:
     assert coerce("8, 8", tuple[int, int], "image_size") == (8, 8)
-    with pytest.raises(TypeError, match="2 values"):
+    with pytest.raises(UserError, match="2 values"):
         coerce("8,8,8", tuple[int, int], "image_size")
-    assert TrainConfig().model == {}
+    assert TrainConfig("quick", "digits").model == {}
 
 
 # ---------------------------------------------------------------------------- schedules

@@ -416,10 +416,21 @@ def test_bad_runs_and_checkpoints(finished_run: Path, tmp_path, capsys) -> None:
 
 
 def test_tensorboard_scalars_and_attention_figure(tmp_path) -> None:
+    import matplotlib.pyplot as plt
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+    calls = []
+
+    def figure(model, image_size):  # the per-epoch figure callback: eval mode, the token grid
+        calls.append((model.training, image_size))
+        fig, axes = plt.subplots(figsize=(1, 1))
+        axes.plot([0, 1])
+        return fig
+
     run_dir = tmp_path / "run"
-    train(resolve_config("quick", overrides=["epochs=2", *TINY, "progress=false"]), run_dir)
+    config = resolve_config("quick", overrides=["epochs=2", *TINY, "progress=false"])
+    train(config, run_dir, epoch_figure=figure)
+    assert calls == [(False, (8, 8))] * 2
     events = EventAccumulator(str(run_dir / "tensorboard"), size_guidance={"images": 0}).Reload()
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     for tag, key in [

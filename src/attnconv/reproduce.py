@@ -15,13 +15,13 @@
 
 from __future__ import annotations
 
-import argparse
 import csv
 import json
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from attnconv.errors import UserError
 from attnconv.runs import RunDir
 
 if TYPE_CHECKING:
@@ -55,39 +55,14 @@ RESULT_COLUMNS: tuple[str, ...] = (
 )
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("experiment", choices=tuple(EXPERIMENTS), help="the dataset")
-    parser.add_argument("--out", default="reproduce-fashion-mnist", help="the experiment folder")
-    parser.add_argument(
-        "--presets",
-        nargs="+",
-        metavar="PRESET",
-        help="only these models of the experiment (default: all)",
-    )
-    parser.add_argument(
-        "--precision",
-        choices=("auto", "fp32", "bf16"),
-        default="auto",
-        help="training precision of new runs (auto: bfloat16 where native)",
-    )
-    parser.add_argument("--data-dir", help="where datasets live")
-    parser.add_argument(
-        "--export-weights",
-        nargs="?",
-        const="",
-        metavar="FOLDER",
-        help="write the best checkpoints as shipped weights (default folder: the package's own)",
-    )
-
-
 def selected_presets(experiment: str, presets: list[str] | None) -> tuple[str, ...]:
-    """The experiment's presets, or the given subset of them (ValueError for others)."""
+    """The experiment's presets, or the given subset of them (UserError for others)."""
     known = EXPERIMENTS[experiment]
     if not presets:
         return known
     unknown = [p for p in presets if p not in known]
     if unknown:
-        raise ValueError(
+        raise UserError(
             f"{', '.join(unknown)} not in experiment {experiment!r}; its presets: {', '.join(known)}"
         )
     return tuple(presets)
@@ -107,8 +82,9 @@ def train_run(
     preset: str, experiment: str, run_dir: Path, precision: str, data_dir: str | None
 ) -> None:
     """Train ``preset`` into ``run_dir``, resume it, or leave it if finished."""
-    from attnconv.train.config import load_config, resolve_config
+    from attnconv.train.config import resolve_config
     from attnconv.train.loop import train
+    from attnconv.viz.figures import attention_figure
 
     state = run_state(run_dir)
     if state == "finished":
@@ -116,12 +92,12 @@ def train_run(
         return
     if state == "interrupted":
         print(f"{preset}: resuming {run_dir}")
-        train(load_config(RunDir(run_dir).config), run_dir, resume=True)
+        train(None, run_dir, resume=True, epoch_figure=attention_figure)
         return
-    overrides = {"precision": precision, "checkpoint_every": 1}
-    if data_dir is not None:
-        overrides["data_dir"] = data_dir
-    train(resolve_config(preset, experiment, overrides), run_dir)
+    config = resolve_config(
+        preset, experiment, precision=precision, checkpoint_every=1, data_dir=data_dir
+    )
+    train(config, run_dir, epoch_figure=attention_figure)
 
 
 def layer_summaries(maps: AttentionMaps) -> dict[str, Any]:
@@ -308,28 +284,39 @@ def export_test_samples(data: DataSplits, folder: Path) -> Path:
     )
 
 
-def run(args: argparse.Namespace) -> int:
+def run_experiment(
+    experiment: str,
+    out: str | Path,
+    presets: list[str] | None = None,
+    precision: str = "auto",
+    data_dir: str | None = None,
+    export_weights: str | Path | None = None,
+) -> list[Path]:
+    """Train (or resume, or skip) every selected model of ``experiment`` into ``out``, analyse
+    them and write the results table; returns the table's files.
+
+    ``export_weights``: a folder to ship the best checkpoints into (``""``: the package's own
+    weights folder); ``None`` ships nothing.
+    """
     from attnconv.hardware import machine_description
 
-    presets = selected_presets(args.experiment, args.presets)
-    out = Path(args.out)
+    presets = selected_presets(experiment, presets)
+    out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     for preset in presets:
-        train_run(preset, args.experiment, out / preset, args.precision, args.data_dir)
-    rows = [
-        analyse_run(out / preset, out / "figures" / preset, args.data_dir) for preset in presets
-    ]
+        train_run(preset, experiment, out / preset, precision, data_dir)
+    rows = [analyse_run(out / preset, out / "figures" / preset, data_dir) for preset in presets]
     files = write_results(rows, out, machine_description("cpu"))
     print((out / "results.md").read_text())
-    if args.export_weights is not None:
+    if export_weights is not None:
         from attnconv.data import load_splits
         from attnconv.models.pretrained import WEIGHTS_DIR
 
-        folder = Path(args.export_weights) if args.export_weights else WEIGHTS_DIR
-        data = load_splits(args.experiment, args.data_dir)  # once for every model
+        folder = Path(export_weights) if export_weights else WEIGHTS_DIR
+        data = load_splits(experiment, data_dir)  # once for every model
         for preset in presets:
             accuracy = export_run(out / preset, data, folder)
             print(f"{preset}: shipped, float32 test accuracy {accuracy:.4f}")
         export_test_samples(data, folder)
     print(f"wrote {', '.join(str(f) for f in files)} and {out / 'figures'}", file=sys.stderr)
-    return 0
+    return files

@@ -15,6 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from attnconv.convert.theorem import conv_to_attention
+from attnconv.errors import UserError
 
 TOLERANCE: dict[torch.dtype, float] = {torch.float64: 1e-12, torch.float32: 1e-5}
 
@@ -198,9 +199,9 @@ def spread_sweep(
     """
     spreads = [0.5 * i for i in range(1, 25)] if spreads is None else sorted(spreads)
     if not spreads or spreads[0] <= 0:
-        raise ValueError(f"spreads must be positive numbers, got {spreads}")
+        raise UserError(f"spreads must be positive numbers, got {spreads}")
     if not threshold > 0:
-        raise ValueError(f"threshold must be positive, got {threshold}")
+        raise UserError(f"threshold must be positive, got {threshold}")
     conv = build_conv(nn.Conv2d, {"kernel_size": 3, "padding": 1}, torch.float64, seed)
     x = torch.randn(2, IN_CHANNELS, 12, 12, generator=torch.Generator().manual_seed(seed),
                     dtype=torch.float64)  # fmt: skip

@@ -31,6 +31,7 @@ import torch
 
 from attnconv.data.download import fetch, file_md5
 from attnconv.data.splits import ImageSet
+from attnconv.errors import UserError
 
 
 @dataclass(frozen=True)
@@ -121,7 +122,7 @@ def load_cifar(name: str, data_dir: Path, download: bool) -> tuple[ImageSet, Ima
         if archive.is_file():
             actual = file_md5(archive)
             if actual != spec.md5:
-                raise ValueError(
+                raise UserError(
                     f"{archive}: MD5 is {actual}, expected {spec.md5} (incomplete or corrupted "
                     f"archive); delete it to download again. {hint}"
                 )
@@ -154,12 +155,12 @@ def _extract(archive: Path, spec: CifarArchive, folder: Path) -> None:
                 except KeyError:
                     source = None
                 if source is None:
-                    raise ValueError(f"{archive}: the archive has no file {member}")
+                    raise UserError(f"{archive}: the archive has no file {member}")
                 with source, open(tmp / file, "wb") as out:
                     shutil.copyfileobj(source, out)
         os.replace(tmp, folder)
     except (tarfile.TarError, EOFError, OSError, zlib.error) as err:
-        raise ValueError(
+        raise UserError(
             f"{archive}: cannot extract ({err}); delete it and download it again"
         ) from err
     finally:
@@ -174,12 +175,12 @@ def _unpickle(path: Path, spec: CifarArchive) -> dict[str, object]:
     try:
         content = _CifarUnpickler(io.BytesIO(path.read_bytes()), encoding="bytes").load()
     except Exception as err:  # corrupted pickles fail in many ways; all mean the same here
-        raise ValueError(
+        raise UserError(
             f"{path}: not a complete CIFAR batch file ({type(err).__name__}: {err}); it is "
             f"truncated or corrupted, replace it (or delete {path.parent}/ to extract it again)"
         ) from err
     if not isinstance(content, dict):
-        raise ValueError(f"{path}: expected a pickled dict, got {type(content).__name__}")
+        raise UserError(f"{path}: expected a pickled dict, got {type(content).__name__}")
     return {k.decode() if isinstance(k, bytes) else k: v for k, v in content.items()}
 
 
@@ -198,7 +199,7 @@ def _read_batch(path: Path, spec: CifarArchive) -> tuple[torch.Tensor, torch.Ten
             if isinstance(data, np.ndarray)
             else (type(data).__name__)
         )
-        raise ValueError(f"{path}: 'data' must be a uint8 array of shape (N, {_PIXELS}), got {got}")
+        raise UserError(f"{path}: 'data' must be a uint8 array of shape (N, {_PIXELS}), got {got}")
     labels = batch.get(spec.label_key)
     if not isinstance(labels, (list, np.ndarray)) or len(labels) != data.shape[0]:
         got = (
@@ -206,14 +207,14 @@ def _read_batch(path: Path, spec: CifarArchive) -> tuple[torch.Tensor, torch.Ten
             if isinstance(labels, (list, np.ndarray))
             else (type(labels).__name__)
         )
-        raise ValueError(
+        raise UserError(
             f"{path}: '{spec.label_key}' must list one label per image ({data.shape[0]}), got {got}"
         )
     labels_np = np.asarray(labels)
     if labels_np.dtype.kind not in "iu" or (
         len(labels_np) and not (labels_np.min() >= 0 and labels_np.max() < spec.num_classes)
     ):
-        raise ValueError(
+        raise UserError(
             f"{path}: '{spec.label_key}' must be integers in [0, {spec.num_classes}), got "
             f"{labels_np.dtype} values {labels_np[:5].tolist()}..."
         )
@@ -224,7 +225,7 @@ def _read_batch(path: Path, spec: CifarArchive) -> tuple[torch.Tensor, torch.Ten
 def _read_classes(path: Path, spec: CifarArchive) -> list[str]:
     names = _unpickle(path, spec).get(spec.names_key)
     if not isinstance(names, list) or len(names) != spec.num_classes:
-        raise ValueError(
+        raise UserError(
             f"{path}: '{spec.names_key}' must list {spec.num_classes} class names, got "
             f"{len(names) if isinstance(names, list) else type(names).__name__}"
         )

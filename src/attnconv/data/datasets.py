@@ -25,6 +25,7 @@ from attnconv.data.digits import load_digits_sets
 from attnconv.data.fashion_mnist import load_fashion_mnist
 from attnconv.data.splits import DataSplits, ImageSet, carve_validation, channel_stats
 from attnconv.data.statistics import CIFAR10_MEAN, CIFAR10_STD
+from attnconv.errors import UserError
 
 DATASETS: tuple[str, ...] = ("cifar10", "cifar100", "fashion-mnist", "digits")
 
@@ -65,7 +66,7 @@ def load_splits(
     ones. ``download``: fetch missing files from the canonical address (MD5-checked).
     """
     if name not in DATASETS:
-        raise ValueError(f"unknown dataset {name!r}; expected one of {', '.join(DATASETS)}")
+        raise UserError(f"unknown dataset {name!r}; expected one of {', '.join(DATASETS)}")
     data_dir = default_data_dir() if data_dir is None else Path(data_dir)
     official_train, test, classes = _load_official(name, data_dir, download)
     train, val = carve_validation(

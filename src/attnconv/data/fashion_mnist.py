@@ -22,6 +22,7 @@ import torch
 
 from attnconv.data.download import fetch
 from attnconv.data.splits import ImageSet
+from attnconv.errors import UserError
 
 BASE_URL = "http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/"
 MD5S: dict[str, str] = {
@@ -48,18 +49,18 @@ def read_idx(path: Path, ndim: int) -> np.ndarray:
         with gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb") as f:
             raw = f.read()
     except (OSError, EOFError, zlib.error) as err:
-        raise ValueError(f"{path}: cannot read the idx file ({err})") from err
+        raise UserError(f"{path}: cannot read the idx file ({err})") from err
     expected_magic = 0x0800 + ndim
     magic = int.from_bytes(raw[:4], "big")
     if len(raw) < 4 or magic != expected_magic:
-        raise ValueError(
+        raise UserError(
             f"{path}: bad magic number 0x{magic:08x}, expected 0x{expected_magic:08x} "
             f"(an idx file of unsigned bytes with {ndim} dimension(s))"
         )
     header = 4 + 4 * ndim
     shape = tuple(int(d) for d in np.frombuffer(raw[4:header], dtype=">u4"))
     if len(shape) != ndim or len(raw) - header != int(np.prod(shape)):
-        raise ValueError(
+        raise UserError(
             f"{path}: truncated or oversized idx file: header says shape {shape}, "
             f"{int(np.prod(shape))} values, but {max(len(raw) - header, 0)} bytes follow it"
         )
@@ -102,13 +103,13 @@ def _read_pair(folder: Path, prefix: str) -> ImageSet:
     images = read_idx(images_path, 3)
     labels = read_idx(labels_path, 1)
     if images.shape[1:] != (28, 28):
-        raise ValueError(f"{images_path}: images must be 28×28, got {images.shape[1:]}")
+        raise UserError(f"{images_path}: images must be 28×28, got {images.shape[1:]}")
     if len(labels) != len(images):
-        raise ValueError(
+        raise UserError(
             f"{labels_path}: {len(labels)} labels for {len(images)} images in {images_path}"
         )
     if len(labels) and labels.max() >= len(CLASSES):
-        raise ValueError(f"{labels_path}: labels must lie in [0, 10), found {labels.max()}")
+        raise UserError(f"{labels_path}: labels must lie in [0, 10), found {labels.max()}")
     return ImageSet(
         torch.from_numpy(images.copy()).unsqueeze(1),
         torch.from_numpy(labels.astype(np.int64)),

@@ -22,6 +22,7 @@ from collections.abc import Iterator
 import torch
 
 from attnconv.data.splits import ImageSet
+from attnconv.errors import UserError
 
 
 def _padded_sources(images: torch.Tensor, pad: int, flip: bool) -> torch.Tensor:
@@ -152,11 +153,11 @@ class BatchLoader:
                 f"rank must be in [0, {world_size}) for world_size={world_size}, got {rank}"
             )
         if batch_size % world_size:
-            raise ValueError(
+            raise UserError(
                 f"batch_size ({batch_size}) must be divisible by world_size ({world_size})"
             )
         if train and len(images_set) < batch_size:
-            raise ValueError(
+            raise UserError(
                 f"train mode drops incomplete batches, but the split has {len(images_set)} "
                 f"images, fewer than batch_size={batch_size}"
             )

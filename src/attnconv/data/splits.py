@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
+from attnconv.errors import UserError
+
 
 @dataclass
 class ImageSet:
@@ -79,10 +81,10 @@ def validation_count(val_size: int | float, num_train: int) -> int:
         )
     if isinstance(val_size, float):
         if not 0.0 <= val_size < 1.0:
-            raise ValueError(f"val_size as a fraction must be in [0, 1), got {val_size}")
+            raise UserError(f"val_size as a fraction must be in [0, 1), got {val_size}")
         return round(val_size * num_train)
     if not 0 <= val_size < num_train:
-        raise ValueError(
+        raise UserError(
             f"val_size as a count must be in [0, {num_train}) for {num_train} training images, "
             f"got {val_size}"
         )

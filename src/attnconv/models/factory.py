@@ -6,6 +6,7 @@ from typing import Any
 
 from torch import nn
 
+from attnconv.errors import UserError
 from attnconv.models.presets import MODELS, preset_arguments
 from attnconv.models.pretrained import load_pretrained, pretrained_info
 
@@ -17,7 +18,7 @@ def create_model(
 
     ``overrides`` replace the preset's constructor arguments (e.g. ``in_channels``,
     ``image_size``, ``mean``, ``std``, ``hidden``, ``heads``). Unknown preset names or override
-    keys raise a ValueError listing the valid ones.
+    keys raise a UserError (a ValueError) listing the valid ones.
 
     ``pretrained=True`` returns the trained model shipped with the package under that name
     (``attnconv.models.pretrained``), in eval mode; it takes no overrides and its own number of
@@ -26,7 +27,7 @@ def create_model(
     if pretrained:
         info = pretrained_info(name)
         if overrides or num_classes != info.arguments["num_classes"]:
-            raise ValueError(
+            raise UserError(
                 f"pretrained model {name!r} is built as it was trained ({info.arguments['num_classes']}"
                 f" classes); build it without overrides, or fine-tune it for other settings"
             )

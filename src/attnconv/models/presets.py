@@ -11,6 +11,7 @@ Fashion-MNIST scale-downs (``*-fashion``, see the comment above ``PRESETS``).
 from __future__ import annotations
 
 import inspect
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,6 +19,7 @@ from typing import Any
 from torch import nn
 
 from attnconv.data.statistics import DIGITS_MEAN, DIGITS_STD, FASHION_MNIST_MEAN, FASHION_MNIST_STD
+from attnconv.errors import UserError
 from attnconv.models.resnet import ResNet
 from attnconv.models.transformer import ImageTransformer
 
@@ -32,43 +34,46 @@ _FASHION_IMAGES: dict[str, Any] = {
 
 
 @dataclass(frozen=True)
-class Recipe:
-    """How a preset is trained: SGD with momentum, learning-rate schedule stepped every iteration.
-
-    ``schedule="cosine"``: linear warm-up over the first ``warmup_fraction`` of the iterations,
-    then cosine decay to zero. ``schedule="step"``: the rate is divided by 10 at each epoch in
-    ``milestones``. ``requires_init``: the run fine-tunes a given checkpoint (after pruning its
-    degenerate heads) instead of starting from scratch. ``dataset``: the dataset the preset is
-    meant for (an ``attnconv.data.DATASETS`` name).
-    """
-
-    lr: float = 0.1
-    momentum: float = 0.9
-    weight_decay: float = 1e-4
-    batch_size: int = 100
-    epochs: int = 300
-    schedule: str = "cosine"
-    warmup_fraction: float = 0.05
-    milestones: tuple[int, ...] = (80, 150, 250)
-    requires_init: bool = False
-    dataset: str = "cifar10"
-
-    def __post_init__(self) -> None:
-        if self.schedule not in SCHEDULES:
-            raise ValueError(f"schedule must be one of {SCHEDULES}, got {self.schedule!r}")
-
-
-@dataclass(frozen=True)
 class Preset:
-    """A named architecture (``model`` is a key of ``MODELS``) with constructor arguments and
-    the recipe that trains it."""
+    """A named architecture (``model`` is a key of ``MODELS``) with its constructor arguments, the
+    dataset it is sized for, and how its training differs from the paper's recipe.
+
+    ``recipe``: ``attnconv.train.TrainConfig`` field → value, the preset's departures from the
+    config's defaults (the paper's recipe: SGD with momentum 0.9, lr 0.1, weight decay 1e-4, batch
+    100, 300 epochs, cosine decay after a 5% linear warm-up); checked when a config is resolved
+    (``attnconv.train.resolve_config``). ``requires_init``: the run fine-tunes a given checkpoint
+    (after pruning its degenerate heads) instead of starting from scratch. ``dataset``: an
+    ``attnconv.data.DATASETS`` name.
+    """
 
     name: str
     description: str
     model: str
     model_kwargs: dict[str, Any] = field(default_factory=dict)
-    recipe: Recipe = field(default_factory=Recipe)
+    recipe: dict[str, Any] = field(default_factory=dict)
+    dataset: str = "cifar10"
+    requires_init: bool = False
 
+
+def Recipe(**fields: Any) -> dict[str, Any]:
+    """Deprecated: a preset's recipe is now a plain mapping of ``TrainConfig`` field → value
+    (``Preset(..., recipe={"lr": 0.01})``); this returns ``fields`` as that mapping."""
+    global _RECIPE_WARNED
+    if not _RECIPE_WARNED:
+        _RECIPE_WARNED = True
+        warnings.warn(
+            "attnconv.models.Recipe is deprecated: give Preset a mapping of TrainConfig field → "
+            "value (recipe={'lr': 0.01}); dataset and requires_init are Preset fields",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+    moved = sorted({"dataset", "requires_init"} & set(fields))
+    if moved:
+        raise TypeError(f"{', '.join(moved)}: now arguments of Preset, not of its recipe")
+    return dict(fields)
+
+
+_RECIPE_WARNED = False
 
 MODELS: dict[str, type[nn.Module]] = {"image_transformer": ImageTransformer, "resnet18": ResNet}
 
@@ -111,7 +116,7 @@ _FASHION_TRANSFORMER: dict[str, Any] = {
     "dropout": 0.0,
     "attention_dropout": 0.0,
 }
-_FASHION_RECIPE = Recipe(lr=0.03, epochs=FASHION_EPOCHS, dataset="fashion-mnist")
+_FASHION_RECIPE: dict[str, Any] = {"lr": 0.03, "epochs": FASHION_EPOCHS}
 
 PRESETS: dict[str, Preset] = {
     preset.name: preset
@@ -133,7 +138,8 @@ PRESETS: dict[str, Preset] = {
             "quadratic-generalized with degenerate heads pruned, fine-tuned from a checkpoint",
             "image_transformer",
             dict(_GENERALIZED),
-            Recipe(lr=0.01, epochs=100, requires_init=True),
+            {"lr": 0.01, "epochs": 100},
+            requires_init=True,
         ),
         Preset(
             "many-heads",
@@ -158,7 +164,7 @@ PRESETS: dict[str, Preset] = {
             "CIFAR ResNet-18, 3×3 stride-1 stem (paper: 93.8%, 11.2M params)",
             "resnet18",
             {},
-            Recipe(schedule="step", warmup_fraction=0.0),
+            {"schedule": "step", "warmup_fraction": 0.0, "milestones": (80, 150, 250)},
         ),
         Preset(
             "quick",
@@ -179,21 +185,24 @@ PRESETS: dict[str, Preset] = {
                 "dropout": 0.0,
                 "init_std": None,
             },
-            Recipe(batch_size=32, epochs=20, dataset="digits"),
+            {"batch_size": 32, "epochs": 20},
+            dataset="digits",
         ),
         Preset(
             "quadratic-fashion",
             "isotropic Gaussian attention, 9 heads, scaled down for Fashion-MNIST on a CPU",
             "image_transformer",
             {**_FASHION_TRANSFORMER, "positional": "gaussian"},
-            _FASHION_RECIPE,
+            dict(_FASHION_RECIPE),
+            dataset="fashion-mnist",
         ),
         Preset(
             "learned-fashion",
             "learned relative positional attention, position only, for Fashion-MNIST on a CPU",
             "image_transformer",
             {**_FASHION_TRANSFORMER, "positional": "learned"},
-            _FASHION_RECIPE,
+            dict(_FASHION_RECIPE),
+            dataset="fashion-mnist",
         ),
         Preset(
             "learned-content-fashion",
@@ -206,20 +215,21 @@ PRESETS: dict[str, Preset] = {
                 "content_positional": True,
                 "head_dim": 16,
             },
-            Recipe(lr=0.03, epochs=1, dataset="fashion-mnist"),
+            {**_FASHION_RECIPE, "epochs": 1},
+            dataset="fashion-mnist",
         ),
         Preset(
             "resnet-fashion",
             "narrow CIFAR ResNet-18 (widths 16..128): the CNN baseline for Fashion-MNIST on a CPU",
             "resnet18",
             {**_FASHION_IMAGES, "widths": (16, 32, 64, 128)},
-            Recipe(
-                epochs=FASHION_EPOCHS,
-                dataset="fashion-mnist",
-                schedule="step",
-                warmup_fraction=0.0,
-                milestones=(2, 3, 5),
-            ),
+            {
+                "epochs": FASHION_EPOCHS,
+                "schedule": "step",
+                "warmup_fraction": 0.0,
+                "milestones": (2, 3, 5),
+            },
+            dataset="fashion-mnist",
         ),
     )
 }
@@ -256,14 +266,14 @@ def preset_arguments(
 ) -> tuple[str, dict[str, Any]]:
     """``(architecture, every constructor argument)`` of preset ``name`` with ``num_classes``
     outputs and ``overrides`` replacing the preset's arguments; ``create_model`` builds exactly
-    ``MODELS[architecture](**arguments)``. ValueError listing the valid presets or override keys."""
+    ``MODELS[architecture](**arguments)``. UserError (a ValueError) listing the valid presets or override keys."""
     if name not in PRESETS:
-        raise ValueError(f"unknown preset {name!r}; valid presets: {', '.join(PRESETS)}")
+        raise UserError(f"unknown preset {name!r}; valid presets: {', '.join(PRESETS)}")
     preset = PRESETS[name]
     valid = model_arguments(preset.model)
     unknown = sorted(set(overrides) - set(valid))
     if unknown:
-        raise ValueError(
+        raise UserError(
             f"unknown override(s) {', '.join(map(repr, unknown))} for preset {name!r}; valid "
             f"keys: {', '.join(valid)}"
         )
@@ -291,7 +301,7 @@ def size_note(
     ratio = tokens / designed_tokens
     if ratio <= 4:
         return None
-    sized = [name for name, p in PRESETS.items() if p.recipe.dataset == dataset]
+    sized = [name for name, p in PRESETS.items() if p.dataset == dataset]
     advice = f"presets sized for {dataset}: {', '.join(sized)}; " if sized else ""
     return (
         f"note: {preset} was sized for {designed_tokens} tokens per layer; {dataset}'s "

@@ -1,4 +1,4 @@
-"""Training: config, learning-rate schedules, checkpoints, the loop, multi-GPU, and the demo.
+"""Training: config, learning-rate schedules, checkpoints, the loop and multi-GPU.
 
     from attnconv.train import load_model, resolve_config, train
     summary = train(resolve_config("quick"), "runs/quick")     # what `attnconv train` does

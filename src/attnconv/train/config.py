@@ -1,13 +1,17 @@
 """The training configuration: plain typed values, resolved from a preset, a dataset and overrides.
 
-``resolve_config("quadratic", overrides={"epochs": "10", "model.dropout": "0"})`` starts from the
-preset's recipe (``attnconv.PRESETS[name].recipe``), applies the overrides (strings from the
-command line are parsed according to each field's type; Python values are type-checked) and checks
-every value. Keys prefixed with ``model.`` override the preset's model constructor arguments.
+``resolve_config("quadratic", epochs=10, overrides=["model.dropout=0"])`` starts from
+``TrainConfig``'s defaults (the paper's recipe), applies the preset's recipe (its departures from
+them, ``attnconv.PRESETS[name].recipe``), then the typed settings (``epochs=10``: Python values,
+type-checked, as the command line's flags give them) and the free ``key=value`` overrides (strings
+parsed by each field's type; of a key given twice there, the last counts), and checks every value.
+Keys prefixed with ``model.`` override the preset's model constructor arguments. A key may not be
+both a setting and an override.
 
-When ``epochs`` is overridden but ``milestones`` is not, the step-decay milestones are scaled in
-proportion to the run length (``round(m · epochs / recipe.epochs)``), so a shortened ResNet run
-keeps the shape of the paper's schedule (decay after 27%, 50% and 83% of training).
+When ``epochs`` is set but ``milestones`` is not, the step schedule's milestones are scaled in
+proportion to the run length (``round(m · epochs / recipe epochs)``, those that fall at or past the
+last epoch dropped), so a shortened ResNet run keeps the shape of the paper's schedule (decay after
+27%, 50% and 83% of training). Setting ``schedule=cosine`` on a step preset drops its milestones.
 """
 
 from __future__ import annotations
@@ -22,42 +26,50 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from attnconv.errors import UserError
 from attnconv.hardware import PRECISIONS
-from attnconv.models.presets import MODELS, PRESETS, SCHEDULES, model_arguments
+from attnconv.models.presets import MODELS, PRESETS, model_arguments
+from attnconv.train.schedule import SCHEDULES
 
 # Model arguments set from the dataset, never from the command line.
 DATA_MODEL_ARGUMENTS: tuple[str, ...] = ("num_classes", "in_channels", "image_size", "mean", "std")
 MODEL_PREFIX = "model."
+# Datasets that ship inside a package (scikit-learn's digits): no data folder to point at.
+EMBEDDED_DATASETS: tuple[str, ...] = ("digits",)
 
 
 @dataclass
 class TrainConfig:
-    """Everything that defines a training run (saved as ``RUN_DIR/config.json``).
+    """Everything that defines a training run (saved in every checkpoint, and as
+    ``RUN_DIR/config.json`` for people to read).
 
-    Units: ``lr`` per step of SGD; ``epochs``, ``milestones`` and ``checkpoint_every`` in epochs;
-    ``checkpoint_steps`` in optimizer steps (mid-epoch saves of ``last.pt``; 0: off); ``pad``: the
-    random-crop padding in pixels, ``None`` for ``⌈H / 8⌉`` (4 for CIFAR's 32×32 as in the paper,
-    1 for the 8×8 digits); ``val_size`` a count of images (int) or a fraction of the training set
-    (float), ``None`` for the dataset's default; ``grad_clip`` the largest gradient norm (``None``:
-    no clipping); ``progress``: a progress bar on stderr when it is a terminal (elsewhere, e.g. a
-    log file, only the line per epoch); ``precision`` ``auto`` (bfloat16 autocast where the device
-    computes in bfloat16 natively, else float32; see ``attnconv.hardware``), ``fp32`` or
-    ``bf16``. A run replaces ``auto`` by the precision it resolved to before writing
-    ``config.json``, so a resumed run keeps the arithmetic it started with.
+    The defaults are the paper's recipe (docs/theory.md §4); a preset's ``recipe`` lists its
+    departures from them. Units: ``lr`` per step of SGD; ``epochs``, ``milestones`` and
+    ``checkpoint_every`` in epochs; ``checkpoint_steps`` in optimizer steps (mid-epoch saves of
+    ``last.pt``; 0: off); ``milestones``: the epochs after which ``schedule="step"`` divides the
+    rate by 10 (only for that schedule); ``pad``: the random-crop padding in pixels, ``None`` for
+    ``⌈H / 8⌉`` (4 for CIFAR's 32×32 as in the paper, 1 for the 8×8 digits); ``val_size`` a count
+    of images (int) or a fraction of the training set (float), ``None`` for the dataset's default;
+    ``grad_clip`` the largest gradient norm (``None``: no clipping); ``progress``: a progress bar
+    on stderr when it is a terminal (elsewhere, e.g. a log file, only the line per epoch);
+    ``precision`` ``auto`` (bfloat16 autocast where the device computes in bfloat16 natively, else
+    float32; see ``attnconv.hardware``), ``fp32`` or ``bf16``. A run replaces ``auto`` by the
+    precision it resolved to before saving the config, so a resumed run keeps the arithmetic it
+    started with.
     """
 
-    preset: str = "quick"
-    dataset: str = "digits"
+    preset: str
+    dataset: str
     data_dir: str | None = None
     val_size: int | float | None = None
-    epochs: int = 30
-    batch_size: int = 64
+    epochs: int = 300
+    batch_size: int = 100
     lr: float = 0.1
     momentum: float = 0.9
     weight_decay: float = 1e-4
     schedule: str = "cosine"
     warmup_fraction: float = 0.05
-    milestones: tuple[int, ...] = (80, 150, 250)
+    milestones: tuple[int, ...] = ()
     grad_clip: float | None = None
     precision: str = "auto"
     compile: bool = False
@@ -77,17 +89,33 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> TrainConfig:
-        """Rebuild a config saved by ``to_dict`` (checks every value again)."""
+        """Rebuild a config saved by ``to_dict`` (checks every value again).
+
+        Milestones that never took effect (under the cosine schedule, or at or past the last
+        epoch), which configs saved by earlier versions hold, are dropped.
+        """
         values = dict(values)
         preset = values.pop("preset", None)
         if preset is None:
-            raise ValueError("config has no 'preset' entry")
-        model = values.pop("model", {})
-        overrides = {**values, **{MODEL_PREFIX + k: v for k, v in model.items()}}
-        return resolve_config(preset, overrides=overrides)
+            raise UserError("config has no 'preset' entry")
+        if "milestones" in values:
+            milestones = values["milestones"]
+            if values.get("schedule") != "step":
+                milestones = []
+            elif isinstance(milestones, list) and isinstance(values.get("epochs"), int):
+                milestones = [m for m in milestones if not isinstance(m, int) or m < values["epochs"]]
+            values["milestones"] = milestones
+        if values.get("dataset") in EMBEDDED_DATASETS:
+            values["data_dir"] = None
+        return resolve_config(preset, **values)
 
 
 CONFIG_KEYS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(TrainConfig) if f.name != "model")
+# Keys a preset's recipe may set: how to train, not where or on what.
+RECIPE_KEYS: tuple[str, ...] = (
+    "epochs", "batch_size", "lr", "momentum", "weight_decay", "schedule", "warmup_fraction",
+    "milestones", "grad_clip", "pad", "val_size",
+)
 _HINTS = typing.get_type_hints(TrainConfig)
 
 
@@ -100,67 +128,97 @@ def model_override_keys(preset: str) -> tuple[str, ...]:
     return tuple(k for k in model_arguments(PRESETS[preset].model) if k not in DATA_MODEL_ARGUMENTS)
 
 
+def recipe_values(preset: str) -> dict[str, Any]:
+    """The preset's recipe, checked: its keys ``RECIPE_KEYS``, its values of the fields' types
+    (UserError naming the preset otherwise)."""
+    recipe = dict(PRESETS[preset].recipe)
+    unknown = sorted(set(recipe) - set(RECIPE_KEYS))
+    if unknown:
+        raise UserError(
+            f"preset {preset!r}: recipe key(s) {', '.join(unknown)} are not training settings; "
+            f"valid recipe keys: {', '.join(RECIPE_KEYS)}"
+        )
+    return {key: check_value(value, _HINTS[key], f"preset {preset!r} recipe {key}")
+            for key, value in recipe.items()}
+
+
 def resolve_config(
     preset: str,
     dataset: str | None = None,
     overrides: Mapping[str, Any] | Sequence[str] | None = None,
+    **settings: Any,
 ) -> TrainConfig:
     """The full config of a run of ``preset``.
 
     Args:
         preset: a key of ``attnconv.PRESETS``.
-        dataset: an ``attnconv.data.DATASETS`` name; ``None`` means the preset's recipe dataset.
-        overrides: ``{key: value}`` or ``["key=value", ...]``; string values are parsed by the
-            field's type (bool: true/false, tuples: comma-separated, ``none`` for optional values).
+        dataset: an ``attnconv.data.DATASETS`` name; ``None`` means the preset's dataset.
+        overrides: the free overrides, ``{key: value}`` or ``["key=value", ...]``; string values
+            are parsed by the field's type (bool: true/false, tuples: comma-separated, ``none``
+            for optional values), others are type-checked.
+        settings: typed values of ``TrainConfig`` fields (``epochs=10``, ``compile=True``;
+            ``model={"dropout": 0.0}`` for model arguments), type-checked, never parsed.
     Raises:
-        ValueError: unknown preset, dataset or key (the message lists the valid ones), or a value
-            out of range. TypeError: a value of the wrong type.
+        UserError: unknown preset, dataset or key (the message lists the valid ones), a key
+            given twice, a value of the wrong type or out of range, or a setting that does nothing
+            in this combination (milestones under the cosine schedule, ...).
     """
     if preset not in PRESETS:
-        raise ValueError(f"unknown preset {preset!r}; valid presets: {', '.join(PRESETS)}")
-    recipe = PRESETS[preset].recipe
-    values: dict[str, Any] = {
-        "preset": preset,
-        "dataset": recipe.dataset,
-        "epochs": recipe.epochs,
-        "batch_size": recipe.batch_size,
-        "lr": recipe.lr,
-        "momentum": recipe.momentum,
-        "weight_decay": recipe.weight_decay,
-        "schedule": recipe.schedule,
-        "warmup_fraction": recipe.warmup_fraction,
-        "milestones": tuple(recipe.milestones),
-    }
-    config = TrainConfig(**values)
-    items = _override_items(overrides)
-    if dataset is not None:
-        items.insert(0, ("dataset", dataset))
-    model_hints = _model_hints(PRESETS[preset].model)
+        raise UserError(f"unknown preset {preset!r}; valid presets: {', '.join(PRESETS)}")
+    recipe = recipe_values(preset)
+    config = TrainConfig(preset=preset, dataset=PRESETS[preset].dataset, **recipe)
+    recipe_epochs = config.epochs
     model_keys = model_override_keys(preset)
-    for key, value in items:
+    model_hints = _model_hints(PRESETS[preset].model)
+    if dataset is not None:
+        if "dataset" in settings:
+            raise UserError("the dataset is given twice (as the argument and a setting)")
+        settings["dataset"] = dataset
+    settled: set[str] = set()  # the keys of settings
+    given: set[str] = set()
+
+    def set_value(key: str, value: Any, parse: bool) -> None:
+        if parse and key in settled:
+            raise UserError(f"{key} is given twice (as a flag and as {key}=...); give it once")
+        if not parse:
+            settled.add(key)
+        given.add(key)
+        convert = coerce if parse else check_value
         if key.startswith(MODEL_PREFIX):
             name = key[len(MODEL_PREFIX) :]
             if name not in model_keys:
-                raise ValueError(
+                raise UserError(
                     f"unknown model key {key!r} for preset {preset!r}; valid model keys: "
                     + ", ".join(MODEL_PREFIX + k for k in model_keys)
                 )
-            config.model[name] = coerce(value, model_hints.get(name, Any), key)
+            config.model[name] = convert(value, model_hints.get(name, Any), key)
         elif key == "preset":
             if value != preset:
-                raise ValueError(f"the preset is {preset!r}; it cannot be overridden to {value!r}")
+                raise UserError(f"the preset is {preset!r}; it cannot be overridden to {value!r}")
         elif key in CONFIG_KEYS:
-            setattr(config, key, coerce(value, _HINTS[key], key))
+            setattr(config, key, convert(value, _HINTS[key], key))
         else:
-            raise ValueError(
+            raise UserError(
                 f"unknown config key {key!r}; valid keys: {', '.join(CONFIG_KEYS)}, and "
                 f"model.KEY for the model's arguments ({', '.join(model_keys)})"
             )
-    keys = {key for key, _ in items}
-    if "epochs" in keys and "milestones" not in keys and config.epochs != recipe.epochs:
-        config.milestones = tuple(
-            max(1, round(m * config.epochs / recipe.epochs)) for m in recipe.milestones
-        )
+
+    for key, value in settings.items():
+        if key == "model":
+            if not isinstance(value, Mapping):
+                raise UserError(f"model: expected a mapping of model arguments, got {value!r}")
+            for name, item in value.items():
+                set_value(MODEL_PREFIX + name, item, parse=False)
+        else:
+            set_value(key, value, parse=False)
+    for key, value in _override_items(overrides):
+        set_value(key, value, parse=True)
+    if "milestones" not in given:
+        if "schedule" in given and config.schedule != "step":
+            config.milestones = ()
+        elif "epochs" in given and config.epochs != recipe_epochs:
+            scaled = (round(m * config.epochs / recipe_epochs) for m in config.milestones)
+            config.milestones = tuple(m for m in (max(1, m) for m in scaled) if m < config.epochs)
     check_config(config)
     return config
 
@@ -174,21 +232,25 @@ def _override_items(overrides: Mapping[str, Any] | Sequence[str] | None) -> list
     for text in overrides:
         key, sep, value = str(text).partition("=")
         if not sep or not key:
-            raise ValueError(f"expected an override of the form key=value, got {text!r}")
+            raise UserError(f"expected an override of the form key=value, got {text!r}")
         items.append((key.strip(), value.strip()))
     return items
 
 
 def check_config(config: TrainConfig) -> None:
-    """ValueError naming the first value out of its valid range."""
+    """UserError naming the first value out of its valid range, or a setting that would do
+    nothing in this combination."""
     from attnconv.data import DATASETS
 
     def need(ok: bool, message: str) -> None:
         if not ok:
-            raise ValueError(message)
+            raise UserError(message)
 
     need(config.dataset in DATASETS,
          f"unknown dataset {config.dataset!r}; valid datasets: {', '.join(DATASETS)}")
+    need(config.data_dir is None or config.dataset not in EMBEDDED_DATASETS,
+         f"data_dir does nothing for {config.dataset!r}: it ships with scikit-learn; leave "
+         f"--data-dir out")
     need(config.epochs >= 1, f"epochs must be >= 1, got {config.epochs}")
     need(config.batch_size >= 1, f"batch_size must be >= 1, got {config.batch_size}")
     need(config.lr > 0, f"lr must be > 0, got {config.lr}")
@@ -198,10 +260,14 @@ def check_config(config: TrainConfig) -> None:
          f"unknown schedule {config.schedule!r}; valid schedules: {', '.join(SCHEDULES)}")
     need(0 <= config.warmup_fraction < 1,
          f"warmup_fraction must be in [0, 1), got {config.warmup_fraction}")
-    need(all(m >= 1 for m in config.milestones)
+    need(config.schedule == "step" or not config.milestones,
+         f"milestones apply to schedule=step only; the {config.schedule} schedule has none "
+         f"(got milestones={','.join(map(str, config.milestones))})")
+    need(all(1 <= m < config.epochs for m in config.milestones)
          and list(config.milestones) == sorted(config.milestones),
-         f"milestones must be non-decreasing epochs >= 1 (a repeated one divides the rate "
-         f"twice), got {config.milestones}")
+         f"milestones must be non-decreasing epochs in [1, epochs={config.epochs}) (a repeated "
+         f"one divides the rate twice; one at or past the last epoch never takes effect), got "
+         f"{config.milestones}")
     need(config.grad_clip is None or config.grad_clip > 0,
          f"grad_clip must be > 0 (or none for no clipping), got {config.grad_clip}")
     need(config.precision in PRECISIONS,
@@ -216,12 +282,12 @@ def check_config(config: TrainConfig) -> None:
          f"checkpoint_steps must be >= 0 steps (0: off), got {config.checkpoint_steps}")
     need(config.val_size is None or config.val_size > 0,
          f"val_size must be > 0 (the best checkpoint is chosen on validation), got {config.val_size}")
-    requires_init = PRESETS[config.preset].recipe.requires_init
+    requires_init = PRESETS[config.preset].requires_init
     need(not requires_init or config.init is not None,
          f"preset {config.preset!r} fine-tunes a trained model: give --init CHECKPOINT")
     need(requires_init or config.init is None,
          f"preset {config.preset!r} trains from scratch; --init is only for presets that "
-         f"fine-tune ({', '.join(n for n, p in PRESETS.items() if p.recipe.requires_init)})")
+         f"fine-tune ({', '.join(n for n, p in PRESETS.items() if p.requires_init)})")
 
 
 def save_config(config: TrainConfig, path: str | Path) -> None:
@@ -232,16 +298,17 @@ def save_config(config: TrainConfig, path: str | Path) -> None:
 
 
 def load_config(path: str | Path) -> TrainConfig:
-    """Read a ``config.json`` written by ``save_config``."""
+    """Read a ``config.json`` written by ``save_config`` (or by a run, for people to read: a
+    resume uses the checkpoint's own copy)."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no training config at {path}")
     try:
         values = json.loads(path.read_text())
     except json.JSONDecodeError as err:
-        raise ValueError(f"{path} is not valid JSON: {err}") from err
+        raise UserError(f"{path} is not valid JSON: {err}") from err
     if not isinstance(values, dict):
-        raise ValueError(f"{path} must hold a JSON object, got {type(values).__name__}")
+        raise UserError(f"{path} must hold a JSON object, got {type(values).__name__}")
     return TrainConfig.from_dict(values)
 
 
@@ -251,36 +318,48 @@ _TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
 
 
 def coerce(value: Any, hint: Any, key: str) -> Any:
-    """``value`` as type ``hint``: strings are parsed, other values are checked.
+    """``value`` as type ``hint``, for the free ``key=value`` overrides: strings are parsed, other
+    values are checked (``check_value``).
 
     Supports ``bool``, ``int``, ``float``, ``str``, ``X | None``, ``X | Y``, ``tuple[X, ...]``,
-    ``tuple[X, Y]`` and ``Sequence[X]`` (returned as tuples). TypeError when it does not fit.
+    ``tuple[X, Y]`` and ``Sequence[X]`` (returned as tuples). UserError when it does not fit.
     """
+    return _convert(value, hint, key, parse=True)
+
+
+def check_value(value: Any, hint: Any, key: str) -> Any:
+    """``value`` checked against type ``hint`` without parsing strings (an ``int`` is accepted as a
+    ``float``, a list as a tuple, which it becomes); UserError when it does not fit."""
+    return _convert(value, hint, key, parse=False)
+
+
+def _convert(value: Any, hint: Any, key: str, parse: bool) -> Any:
     if hint is Any:
         return value
     origin = typing.get_origin(hint)
     args = typing.get_args(hint)
+    text = parse and isinstance(value, str)
     if origin in (typing.Union, types.UnionType):
-        is_none = value is None or (isinstance(value, str) and value.lower() in ("none", "null"))
+        is_none = value is None or (text and value.lower() in ("none", "null"))
         if is_none and type(None) in args:
             return None
         for option in (a for a in args if a is not type(None)):
             try:
-                return coerce(value, option, key)
-            except TypeError:
+                return _convert(value, option, key, parse)
+            except UserError:
                 continue
-        raise TypeError(f"{key}: expected {_type_name(hint)}, got {value!r}")
+        raise UserError(f"{key}: expected {_type_name(hint)}, got {value!r}")
     if origin in (tuple, Sequence) or hint in (tuple, Sequence):
-        return _coerce_sequence(value, args, hint, key)
+        return _convert_sequence(value, args, hint, key, parse)
     if hint is bool:
         if isinstance(value, bool):
             return value
-        if isinstance(value, str) and value.lower() in _TRUE + _FALSE:
+        if text and value.lower() in _TRUE + _FALSE:
             return value.lower() in _TRUE
     elif hint is int:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
-        if isinstance(value, str):
+        if text:
             try:
                 return int(value)
             except ValueError:
@@ -289,7 +368,7 @@ def coerce(value: Any, hint: Any, key: str) -> Any:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             if math.isfinite(value):
                 return float(value)
-        elif isinstance(value, str):
+        elif text:
             try:
                 number = float(value)
             except ValueError:
@@ -300,25 +379,25 @@ def coerce(value: Any, hint: Any, key: str) -> Any:
         if isinstance(value, str):
             return value
     else:
-        raise TypeError(f"{key}: cannot check values of type {hint!r}")
-    raise TypeError(f"{key}: expected {_type_name(hint)}, got {value!r}")
+        raise TypeError(f"{key}: cannot check values of type {hint!r}")  # a bug in the hints
+    raise UserError(f"{key}: expected {_type_name(hint)}, got {value!r}")
 
 
-def _coerce_sequence(value: Any, args: tuple, hint: Any, key: str) -> tuple:
-    if isinstance(value, str):
+def _convert_sequence(value: Any, args: tuple, hint: Any, key: str, parse: bool) -> tuple:
+    if parse and isinstance(value, str):
         text = value.strip().strip("()[]").strip()
         items: Sequence[Any] = [] if not text else [part.strip() for part in text.split(",")]
     elif isinstance(value, (list, tuple)):
         items = value
     else:
-        raise TypeError(f"{key}: expected {_type_name(hint)}, got {value!r}")
+        raise UserError(f"{key}: expected {_type_name(hint)}, got {value!r}")
     if not args:
         return tuple(items)
     if len(args) == 1 or (len(args) == 2 and args[1] is Ellipsis):
-        return tuple(coerce(item, args[0], key) for item in items)
+        return tuple(_convert(item, args[0], key, parse) for item in items)
     if len(items) != len(args):
-        raise TypeError(f"{key}: expected {_type_name(hint)} ({len(args)} values), got {value!r}")
-    return tuple(coerce(item, arg, key) for item, arg in zip(items, args, strict=True))
+        raise UserError(f"{key}: expected {_type_name(hint)} ({len(args)} values), got {value!r}")
+    return tuple(_convert(item, arg, key, parse) for item, arg in zip(items, args, strict=True))
 
 
 def _type_name(hint: Any) -> str:

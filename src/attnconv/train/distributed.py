@@ -13,6 +13,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from attnconv.errors import UserError
+
 
 @dataclass(frozen=True)
 class Context:
@@ -43,10 +45,10 @@ def select_device(name: str, local_rank: int = 0) -> torch.device:
         name = "cuda" if torch.cuda.is_available() else "cpu"
     if name.startswith("cuda"):
         if not torch.cuda.is_available():
-            raise ValueError(f"device {name!r} asked for, but CUDA is not available here")
+            raise UserError(f"device {name!r} asked for, but CUDA is not available here")
         return torch.device(name if ":" in name else f"cuda:{local_rank}")
     if name != "cpu":
-        raise ValueError(f"device must be auto, cpu, cuda or cuda:N, got {name!r}")
+        raise UserError(f"device must be auto, cpu, cuda or cuda:N, got {name!r}")
     return torch.device("cpu")
 
 

@@ -7,6 +7,7 @@ records after each checkpoint, so it always matches ``checkpoints/last.pt``, als
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 from torch import nn
@@ -14,6 +15,10 @@ from tqdm import tqdm
 
 from attnconv.models.modes import evaluating
 from attnconv.runs import RunDir, write_text_atomic
+
+# ``(model, (H, W)) -> matplotlib Figure``: what TensorBoard shows of a model with attention after
+# each epoch (``attnconv.viz.figures.attention_figure``; train never imports viz itself).
+EpochFigure = Callable[[nn.Module, tuple[int, int]], Any]
 
 
 def format_record(record: dict[str, Any], epochs: int) -> str:
@@ -33,12 +38,21 @@ class RunLogger:
         run: the run folder.
         epochs: the run's length (for console lines).
         enabled: False on the other ranks: every method is then a no-op.
-        tensorboard: write ``run_dir/tensorboard`` event files: scalars, and for attention
-            models the figure of ``attnconv.viz.figures.attention_figure`` every epoch.
+        tensorboard: write ``run_dir/tensorboard`` event files: scalars, and for models with
+            attention ``figure``'s figure every epoch.
+        figure: draws the per-epoch figure (called in eval mode; the model's modes are restored);
+            None: scalars only.
     """
 
-    def __init__(self, run: RunDir, epochs: int, enabled: bool, tensorboard: bool) -> None:
-        self.run, self.epochs, self.enabled = run, epochs, enabled
+    def __init__(
+        self,
+        run: RunDir,
+        epochs: int,
+        enabled: bool,
+        tensorboard: bool,
+        figure: EpochFigure | None = None,
+    ) -> None:
+        self.run, self.epochs, self.enabled, self.figure = run, epochs, enabled, figure
         self.writer = None
         if enabled and tensorboard:
             from torch.utils.tensorboard import SummaryWriter
@@ -67,11 +81,9 @@ class RunLogger:
             self.writer.add_scalar(f"loss/{split}", record[f"{split}_loss"], step)
             self.writer.add_scalar(f"accuracy/{split}", record[f"{split}_acc"], step)
         self.writer.add_scalar("images_per_s", record["images_per_s"], step)
-        if hasattr(model, "attention_layers"):
-            from attnconv.viz.figures import attention_figure
-
+        if self.figure is not None and hasattr(model, "attention_layers"):
             with evaluating(model):
-                self.writer.add_figure("attention", attention_figure(model, image_size), step)
+                self.writer.add_figure("attention", self.figure(model, image_size), step)
         self.writer.flush()
 
     def metrics(self, records: list[dict[str, Any]]) -> None:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import itertools
+import json
 import math
 import sys
 import time
@@ -40,6 +41,7 @@ from torch import nn
 from tqdm import tqdm
 
 from attnconv.data import BatchLoader, DataSplits, load_splits
+from attnconv.errors import UserError
 from attnconv.hardware import resolve_precision
 from attnconv.models import MODELS, PRESETS, count_macs, count_parameters
 from attnconv.models.checkpoint import (
@@ -63,7 +65,7 @@ from attnconv.runs import (
 from attnconv.train import distributed
 from attnconv.train.checkpoint import rng_state, set_rng_state
 from attnconv.train.config import TrainConfig, save_config
-from attnconv.train.logger import RunLogger
+from attnconv.train.logger import EpochFigure, RunLogger
 from attnconv.train.schedule import LRSchedule, build_schedule
 
 CHECK_EVERY = 10  # steps between loss-finiteness checks and progress-bar updates
@@ -74,20 +76,77 @@ class NonFiniteLossError(RuntimeError):
     state, so ``checkpoints/last.pt`` holds the last finite one."""
 
 
-def train(config: TrainConfig, run_dir: str | Path, resume: bool = False) -> dict[str, Any]:
+def train(
+    config: TrainConfig | None,
+    run_dir: str | Path,
+    resume: bool = False,
+    *,
+    init_checkpoint: dict[str, Any] | None = None,
+    epoch_figure: EpochFigure | None = None,
+) -> dict[str, Any]:
     """Train (or, with ``resume``, continue) the run in ``run_dir``; returns the summary dict.
+
+    Args:
+        config: the run's config. A resumed run keeps the config saved in its
+            ``checkpoints/last.pt`` (the one source of truth: ``config.json`` is a copy for people
+            to read, rewritten from it): pass None, or a config equal to that one (UserError
+            naming the keys that differ otherwise).
+        init_checkpoint: ``config.init`` already loaded (``load_checkpoint``), so that a caller
+            that read it, e.g. for its dataset, does not load it again.
+        epoch_figure: ``(model, (H, W)) -> matplotlib Figure`` drawn into TensorBoard after
+            every epoch for models with attention (``attnconv.viz.figures.attention_figure``);
+            None: scalars only.
 
     Joins the ``torchrun`` process group when launched by it; the main rank holds the run
     folder's lock throughout. Raises NonFiniteLossError if training diverges
     (``checkpoints/last.pt`` then still holds the last finite state), RunFolderError if another
     process holds the folder, a fresh run finds one there, or a write fails (disk full, read-only).
     """
+    run = RunDir(run_dir)
+    resumed = None
+    if resume:
+        resumed = load_checkpoint(run.last)
+        config = _resumed_config(resumed, config, run)
+    elif config is None:
+        raise TypeError("train() needs a config unless it resumes a run")
     context = distributed.setup(config.device)
     try:
-        with locked_run(run_dir) if context.is_main else nullcontext():
-            return Trainer(config, Path(run_dir), context, resume).fit()
+        with locked_run(run.root) if context.is_main else nullcontext():
+            trainer = Trainer(config, run.root, context, resumed, init_checkpoint, epoch_figure)
+            return trainer.fit()
     finally:
         distributed.teardown()
+
+
+def _resumed_config(checkpoint: dict[str, Any], given: TrainConfig | None, run: RunDir) -> TrainConfig:
+    """The config saved in the run's last checkpoint; UserError if ``given`` differs from it.
+
+    A ``config.json`` that differs (edited by hand) is named in a note and does not count.
+    """
+    if "config" not in checkpoint:
+        raise CheckpointError(f"checkpoint {run.last} holds no training config; it cannot be resumed")
+    saved = TrainConfig.from_dict(checkpoint["config"])
+    if given is not None and given != saved:
+        keys = [k for k, v in given.to_dict().items() if saved.to_dict().get(k) != v]
+        raise UserError(
+            f"a resumed run keeps the config saved in {run.last}; the given config differs in "
+            f"{', '.join(keys)}"
+        )
+    try:
+        written = json.loads(run.config.read_text())
+    except (OSError, ValueError):
+        written = None
+    if written != saved.to_dict():
+        keys = sorted(
+            k for k in {*saved.to_dict(), *(written or {})}
+            if not isinstance(written, dict) or written.get(k) != saved.to_dict().get(k)
+        )
+        _warn(
+            f"note: {run.config} differs from the config saved in {run.last}"
+            f" ({', '.join(keys) if isinstance(written, dict) else 'unreadable'}); the run "
+            f"continues with the checkpoint's, and config.json is rewritten from it"
+        )
+    return saved
 
 
 def _dropout_seed(seed: int, rank: int) -> int:
@@ -107,12 +166,12 @@ def data_model_config(data: DataSplits) -> dict[str, Any]:
 
 
 def check_data_fits(arguments: dict[str, Any], data: DataSplits, source: str) -> None:
-    """ValueError if a model built with constructor ``arguments`` does not take ``data``'s images
+    """UserError if a model built with constructor ``arguments`` does not take ``data``'s images
     or classes."""
     expected = data_model_config(data)
     for key in ("num_classes", "in_channels"):
         if arguments.get(key) != expected[key]:
-            raise ValueError(
+            raise UserError(
                 f"{source} has {key}={arguments.get(key)}, but dataset {data.name!r} has "
                 f"{expected[key]}: use the dataset the model was trained on"
             )
@@ -169,7 +228,13 @@ class Trainer:
     """One training job; see the module docstring. ``fit()`` runs it."""
 
     def __init__(
-        self, config: TrainConfig, run_dir: Path, context: distributed.Context, resume: bool
+        self,
+        config: TrainConfig,
+        run_dir: Path,
+        context: distributed.Context,
+        resumed: dict[str, Any] | None,
+        init_checkpoint: dict[str, Any] | None = None,
+        epoch_figure: EpochFigure | None = None,
     ) -> None:
         self.device = context.device
         # "auto" becomes what this device runs fast; config.json and summary.json record it.
@@ -180,21 +245,22 @@ class Trainer:
         config = dataclasses.replace(config, precision=precision)
         self.config, self.context = config, context
         self.run = RunDir(run_dir)
-        if not resume and self.run.last.exists():
+        if resumed is None and self.run.last.exists():
             raise RunFolderError(
                 f"{run_dir} already holds a run; continue it with --resume {run_dir} or give "
                 f"another --out"
             )
-        resumed = load_checkpoint(self.run.last) if resume else None
         if resumed is not None and resumed["preset"] != config.preset:
             raise CheckpointError(
                 f"{self.run.last} is a checkpoint of preset "
-                f"{resumed['preset']!r}, but the run's config says {config.preset!r}"
+                f"{resumed['preset']!r}, but the config saved in it says {config.preset!r}"
             )
+        if init_checkpoint is not None and config.init is None:
+            raise ValueError("init_checkpoint is the loaded config.init; the config has no init")
         self.data = self._load_data()
 
         torch.manual_seed(config.seed)  # the same initial weights on every rank
-        model, self.architecture, self.arguments = self._build_model(resumed)
+        model, self.architecture, self.arguments = self._build_model(resumed, init_checkpoint)
         self.model = model.to(self.device)
         torch.manual_seed(_dropout_seed(config.seed, context.rank))
 
@@ -248,7 +314,9 @@ class Trainer:
             self.saved_step = self.step
             if context.is_main:
                 self._repair_epoch_copies(resumed)
-        self.logger = RunLogger(self.run, config.epochs, context.is_main, config.tensorboard)
+        self.logger = RunLogger(
+            self.run, config.epochs, context.is_main, config.tensorboard, epoch_figure
+        )
 
     # ------------------------------------------------------------------ set-up
 
@@ -266,7 +334,9 @@ class Trainer:
             distributed.barrier()
         return data
 
-    def _build_model(self, resumed: dict[str, Any] | None) -> tuple[nn.Module, str, dict[str, Any]]:
+    def _build_model(
+        self, resumed: dict[str, Any] | None, init: dict[str, Any] | None
+    ) -> tuple[nn.Module, str, dict[str, Any]]:
         """``(model, architecture, its full constructor arguments)`` (what checkpoints store)."""
         config = self.config
         if resumed is not None:
@@ -278,14 +348,13 @@ class Trainer:
             overrides = {**config.model, **data_model_config(self.data)}
             architecture, arguments = preset_arguments(config.preset, **overrides)
             return MODELS[architecture](**arguments), architecture, arguments
-        return self._pruned_init_model()
+        return self._pruned_init_model(load_checkpoint(config.init) if init is None else init)
 
-    def _pruned_init_model(self) -> tuple[nn.Module, str, dict[str, Any]]:
+    def _pruned_init_model(self, init: dict[str, Any]) -> tuple[nn.Module, str, dict[str, Any]]:
         """The ``--init`` checkpoint's model with its degenerate heads pruned."""
         from attnconv.models.heads import prune_degenerate_heads
 
         config = self.config
-        init = load_checkpoint(config.init)
         source = PRESETS.get(init["preset"])
         target = PRESETS[config.preset]
         same_architecture = (
@@ -302,12 +371,12 @@ class Trainer:
                 and p.model_kwargs == target.model_kwargs
                 and name != config.preset
             ]
-            raise ValueError(
+            raise UserError(
                 f"{config.init} is a checkpoint of preset {init['preset']!r}; preset "
                 f"{config.preset!r} fine-tunes a model of preset {' or '.join(compatible)}"
             )
         if init["dataset"] != config.dataset:
-            raise ValueError(
+            raise UserError(
                 f"{config.init} was trained on {init['dataset']!r}, not on {config.dataset!r}"
             )
         check_data_fits(init["arguments"], self.data, str(config.init))

@@ -20,6 +20,7 @@ import math
 from dataclasses import dataclass
 
 STEP_FACTOR = 0.1
+SCHEDULES = ("cosine", "step")
 
 
 @dataclass(frozen=True)
@@ -34,8 +35,8 @@ class LRSchedule:
     milestones: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
-        if self.kind not in ("cosine", "step"):
-            raise ValueError(f"schedule kind must be 'cosine' or 'step', got {self.kind!r}")
+        if self.kind not in SCHEDULES:
+            raise ValueError(f"schedule kind must be one of {SCHEDULES}, got {self.kind!r}")
         if self.total_steps < 1 or self.steps_per_epoch < 1:
             raise ValueError(
                 f"a schedule needs >= 1 step per epoch and in all, got steps_per_epoch="

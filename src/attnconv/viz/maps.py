@@ -16,6 +16,7 @@ from matplotlib.patches import Rectangle
 from torch import Tensor, nn
 
 from attnconv.attention import MultiHeadSelfAttention2d
+from attnconv.errors import UserError
 from attnconv.models.modes import evaluating
 from attnconv.viz.style import MAP_CMAP, new_figure
 
@@ -55,7 +56,7 @@ def query_index(query: tuple[int, int], grid: tuple[int, int]) -> int:
     row, col = (int(v) for v in query)
     h, w = grid
     if not (0 <= row < h and 0 <= col < w):
-        raise ValueError(f"query {(row, col)} lies outside the {h}x{w} token grid")
+        raise UserError(f"query {(row, col)} lies outside the {h}x{w} token grid")
     return row * w + col
 
 
@@ -185,7 +186,7 @@ def map_grid_figure(
     query = default_query(maps.grid) if query is None else query
     query_index(query, maps.grid)
     if window is not None and window < 0:
-        raise ValueError(f"window must be a non-negative number of tokens, got {window}")
+        raise UserError(f"window must be a non-negative number of tokens, got {window}")
     per_layer = maps.query_maps(query)
     heads = max(m.shape[0] for m in per_layer)
     columns = heads + (image is not None)

@@ -6,10 +6,10 @@ import torch
 
 from attnconv import cli
 from attnconv.convert.check import BATTERY
+from attnconv.demo import SHIPPED
 from attnconv.hardware import resolve_precision
 from attnconv.models.checkpoint import load_checkpoint
 from attnconv.models.pretrained import pretrained_info
-from attnconv.train.demo import SHIPPED
 
 
 def test_short_demo_writes_its_results(tmp_path, capsys) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 
+from attnconv.errors import UserError
 from attnconv.hardware import PRECISIONS
 
 
@@ -48,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
     from attnconv.train.loop import check_data_fits, evaluation_sums
 
     if args.batch_size < 1:
-        raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}")
+        raise UserError(f"--batch-size must be >= 1, got {args.batch_size}")
     device = select_device(args.device)
     if checkpoint_or_pretrained(args.checkpoint, args.pretrained) == "pretrained":
         info = pretrained_info(args.pretrained)

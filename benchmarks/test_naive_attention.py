@@ -1,14 +1,9 @@
 """The benchmarks' naive dense attention computes the same function as the layer."""
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
 from attnconv import MultiHeadSelfAttention2d
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from naive_attention import naive_attention_forward, use_naive_attention
 
 CONFIGS = [

@@ -26,6 +26,8 @@ from typing import Any
 
 from tqdm import tqdm
 
+from attnconv.errors import UserError
+
 PRESET = "quick"
 SHIPPED = "quadratic-fashion"
 # Three times the preset's 20 epochs: on 2 CPU cores about a minute more, and a test accuracy
@@ -42,13 +44,13 @@ def run_demo(out_dir: str | Path, epochs: int = EPOCHS, progress: bool = True) -
     from attnconv.runs import RunDir, write_json
     from attnconv.train.config import resolve_config
     from attnconv.train.loop import train
-    from attnconv.viz.figures import plot_checkpoint
+    from attnconv.viz.figures import attention_figure, plot_checkpoint
     from attnconv.viz.report import load_run, report_figure
     from attnconv.viz.style import save_figure
 
     out = Path(out_dir)
     if (out / "demo.json").exists() or (out / "run").exists():
-        raise ValueError(f"{out} already holds a demo; give another --out or delete it")
+        raise UserError(f"{out} already holds a demo; give another --out or delete it")
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
 
@@ -70,9 +72,8 @@ def run_demo(out_dir: str | Path, epochs: int = EPOCHS, progress: bool = True) -
     )
 
     tqdm.write(f"2/4  Training the {PRESET!r} preset on the embedded digits")
-    overrides = [f"epochs={epochs}", "checkpoint_every=1", f"progress={progress}"]
-    config = resolve_config(PRESET, "digits", overrides)
-    summary = train(config, out / "run")
+    config = resolve_config(PRESET, "digits", epochs=epochs, checkpoint_every=1, progress=progress)
+    summary = train(config, out / "run", epoch_figure=attention_figure)
 
     tqdm.write("3/4  Figures")
     result = plot_checkpoint(RunDir(out / "run").best, out / "figures")

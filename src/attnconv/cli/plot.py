@@ -45,9 +45,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from attnconv.errors import UserError
     from attnconv.models.pretrained import checkpoint_or_pretrained
     from attnconv.viz.figures import plot_checkpoint, plot_pretrained
 
+    if args.images < 1:
+        raise UserError(f"--images must be at least 1, got {args.images}")
+    if args.image_index < 0:
+        raise UserError(f"--image-index must be >= 0, got {args.image_index}")
+    if args.window is not None and args.window < 0:
+        raise UserError(f"--window must be a non-negative number of tokens, got {args.window}")
     options = {
         "query": None if args.query is None else tuple(args.query),
         "window": args.window,

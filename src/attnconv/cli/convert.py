@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import argparse
 
+from attnconv.cli import UsageError
+
+DEFAULT_THRESHOLD = 1e-6
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     mode = parser.add_mutually_exclusive_group(required=True)
@@ -23,8 +27,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--threshold",
         type=float,
-        default=1e-6,
-        help="--sweep: target relative error (default 1e-6)",
+        help=f"--sweep only: target relative error (default {DEFAULT_THRESHOLD:g}); --check "
+        "compares with fixed per-dtype tolerances",
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the random weights and inputs")
 
@@ -32,12 +36,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from attnconv.convert import check
 
+    if args.check and args.threshold is not None:
+        raise UsageError(
+            "--threshold sets the target of --sweep; --check compares every configuration with "
+            "fixed per-dtype tolerances"
+        )
     if args.check:
         results = check.run_battery(seed=args.seed)
         print(check.format_battery(results))
         failed = sum(not r.passed for r in results)
         print(f"{len(results) - failed}/{len(results)} passed")
         return 1 if failed else 0
-    result = check.spread_sweep(threshold=args.threshold, seed=args.seed)
+    threshold = DEFAULT_THRESHOLD if args.threshold is None else args.threshold
+    result = check.spread_sweep(threshold=threshold, seed=args.seed)
     print(check.format_sweep(result))
     return 0

@@ -5,6 +5,11 @@ from __future__ import annotations
 
 import argparse
 
+from attnconv.errors import UserError
+
+IMAGES = 4  # test images in the site, unless --images says otherwise
+PORT = 8000
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
@@ -20,14 +25,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--images",
         type=int,
-        default=4,
-        help="how many test images to include (default: 4); content models also show the "
-        "attention averaged over all shipped test images (--pretrained) or over these",
+        help=f"how many test images to include (default: {IMAGES}); content models also show "
+        "the attention averaged over all shipped test images (--pretrained) or over these. Not "
+        "for a checkpoint of a position-only model, whose attention is the same for every image",
     )
-    parser.add_argument("--data-dir", help="dataset folder for a checkpoint's test images")
+    parser.add_argument(
+        "--data-dir",
+        help="dataset folder for the test images of a checkpoint of a model with content scores",
+    )
     parser.add_argument(
         "--weights-dir",
-        help="advanced: folder of shipped weights and test images (default: the package's)",
+        help="advanced, with --pretrained: folder of shipped weights and test images (default: "
+        "the package's)",
     )
     parser.add_argument(
         "--serve",
@@ -37,8 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--port",
         type=int,
-        default=8000,
-        help="port for --serve (default: 8000; 0 picks a free one)",
+        help=f"port for --serve (default: {PORT}; 0 picks a free one)",
     )
 
 
@@ -53,10 +61,16 @@ def checkpoint_entries(args: argparse.Namespace) -> tuple[list, dict[str, str]]:
     path = checkpoint_path(args.checkpoint)
     model, checkpoint = load_model(path)
     if not hasattr(model, "attention_layers"):
-        raise ValueError(f"{str(path)!r} holds a {type(model).__name__}, which has no attention")
+        raise UserError(f"{str(path)!r} holds a {type(model).__name__}, which has no attention")
     images = labels = None
     if not is_position_only(model):
-        images, labels = test_images(checkpoint["dataset"], args.images, args.data_dir)
+        count = IMAGES if args.images is None else args.images
+        images, labels = test_images(checkpoint["dataset"], count, args.data_dir)
+    elif args.images is not None or args.data_dir is not None:
+        raise UserError(
+            f"--images and --data-dir do nothing for {path}: its model's attention is "
+            f"position-only, the same for every image; leave them out"
+        )
     preset = checkpoint["preset"]
     entry = SiteModel(
         name=preset,
@@ -88,7 +102,7 @@ def pretrained_entries(args: argparse.Namespace) -> tuple[list, dict[str, str]]:
     if args.pretrained == "all":
         infos = list(pretrained_models(folder).values())
         if not infos:
-            raise ValueError(f"no pretrained models are shipped in {folder}")
+            raise UserError(f"no pretrained models are shipped in {folder}")
     else:
         infos = [pretrained_info(args.pretrained, folder)]
     entries, skipped, samples = [], {}, {}
@@ -108,13 +122,13 @@ def pretrained_entries(args: argparse.Namespace) -> tuple[list, dict[str, str]]:
                 description=info.description,
                 dataset=info.dataset,
                 test_accuracy=info.test_accuracy,
-                images=images[: args.images],
-                labels=labels[: args.images],
+                images=images[: IMAGES if args.images is None else args.images],
+                labels=labels[: IMAGES if args.images is None else args.images],
                 average_images=images,
             )
         )
     if not entries:
-        raise ValueError(f"{', '.join(skipped)}: {'; '.join(skipped.values())}; nothing to explore")
+        raise UserError(f"{', '.join(skipped)}: {'; '.join(skipped.values())}; nothing to explore")
     return entries, skipped
 
 
@@ -122,9 +136,16 @@ def run(args: argparse.Namespace) -> int:
     from attnconv.viz.export import make_server, site_size, write_explorer
 
     if (args.checkpoint is None) == (args.pretrained is None):
-        raise ValueError("give a checkpoint or --pretrained NAME (or all), not both or neither")
-    if args.images < 1:
-        raise ValueError(f"--images must be at least 1, got {args.images}")
+        raise UserError("give a checkpoint or --pretrained NAME (or all), not both or neither")
+    if args.images is not None and args.images < 1:
+        raise UserError(f"--images must be at least 1, got {args.images}")
+    if args.pretrained is not None and args.data_dir is not None:
+        raise UserError("--data-dir is for a checkpoint's test images; --pretrained shows the "
+                        "test images shipped with the weights")
+    if args.checkpoint is not None and args.weights_dir is not None:
+        raise UserError("--weights-dir is for --pretrained; a checkpoint holds its own weights")
+    if args.port is not None and not args.serve:
+        raise UserError("--port is for --serve; without it the site is only written")
     if args.pretrained is not None:
         entries, skipped = pretrained_entries(args)
         title = "attnconv explorer: shipped models"
@@ -136,7 +157,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"left out {name}: {reason}")
     print(f"wrote {args.out}/index.html ({site_size(args.out) / 1e6:.2f} MB); open it in a browser")
     if args.serve:
-        server = make_server(args.out, args.port)
+        server = make_server(args.out, PORT if args.port is None else args.port)
         host, port = server.server_address[:2]
         print(f"serving on http://{host}:{port}/ (Ctrl-C to stop)", flush=True)
         try:

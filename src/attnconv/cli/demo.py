@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from attnconv.train.demo import EPOCHS
+from attnconv.demo import EPOCHS
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -18,7 +18,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import time
 
-    from attnconv.train.demo import run_demo
+    from attnconv.demo import run_demo
 
     out = args.out or f"attnconv-demo-{time.strftime('%Y%m%d-%H%M%S')}"
     demo = run_demo(out, epochs=args.epochs, progress=not args.no_progress)

@@ -12,12 +12,13 @@ import argparse
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any
 
 from attnconv.hardware import PRECISIONS
+from attnconv.runs import RunDir
 
-if TYPE_CHECKING:
-    from attnconv.train.config import TrainConfig
+# The typed flags: the TrainConfig field each one sets.
+FLAG_FIELDS: tuple[str, ...] = ("data_dir", "epochs", "precision", "device", "init")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -28,11 +29,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--preset", help="the model and recipe (see `attnconv models`)")
     parser.add_argument("--dataset", help="cifar10, cifar100, fashion-mnist or digits "
-                        "(default: the preset's)")
+                        "(default: the preset's, or with --init the checkpoint's)")
     parser.add_argument("--data-dir", help="where datasets live (default $ATTNCONV_DATA or "
-                        "~/.cache/attnconv)")
+                        "~/.cache/attnconv); not for digits, which ship with scikit-learn")
     parser.add_argument("--out", help="the run folder (default runs/PRESET-DATASET-TIME)")
-    parser.add_argument("--epochs", help="training length (default: the preset's)")
+    parser.add_argument("--epochs", type=int, help="training length (default: the preset's)")
     parser.add_argument("--precision", choices=PRECISIONS, help="auto (the default): bfloat16 "
                         "autocast where the device computes in bfloat16 natively (CUDA Ampere+, "
                         "CPUs with AMX or AVX512-BF16), else float32; fp32; bf16 (warns where "
@@ -40,30 +41,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--compile", action="store_true", help="torch.compile the model")
     parser.add_argument("--device", help="auto (CUDA if available), cpu, cuda or cuda:N")
     parser.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR exactly "
-                        "where its last checkpoint left it")
+                        "where its last checkpoint left it, with the config saved in that "
+                        "checkpoint")
     parser.add_argument("--init", metavar="CHECKPOINT", help="fine-tune this checkpoint after "
                         "pruning its degenerate heads (preset quadratic-generalized-pruned)")
 
 
-def _flag_overrides(args: argparse.Namespace) -> list[str]:
-    pairs = [("data_dir", args.data_dir), ("epochs", args.epochs),
-             ("precision", args.precision), ("device", args.device), ("init", args.init)]
-    overrides = [f"{key}={value}" for key, value in pairs if value is not None]
+def flag_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The typed flags that were given, as ``TrainConfig`` field → value."""
+    settings = {name: getattr(args, name) for name in FLAG_FIELDS if getattr(args, name) is not None}
     if args.compile:
-        overrides.append("compile=true")
-    return overrides + list(args.overrides)
+        settings["compile"] = True
+    return settings
 
 
-def _resume_settings(args: argparse.Namespace) -> tuple[TrainConfig, Path]:
+def _check_resume(args: argparse.Namespace) -> Path:
     from attnconv.cli import UsageError
-    from attnconv.runs import RunDir
-    from attnconv.train.config import load_config
 
     run_dir = Path(args.resume)
-    given = [name for name in ("dataset", "out", "init") if getattr(args, name) is not None]
-    if _flag_overrides(args) or given:
+    if flag_settings(args) or args.overrides or args.dataset is not None or args.out is not None:
         raise UsageError(
-            "--resume continues a run with its saved config (RUN_DIR/config.json); it takes no "
+            "--resume continues a run with the config saved in its last checkpoint; it takes no "
             "other options or key=value overrides"
         )
     if not run_dir.is_dir():
@@ -71,12 +69,7 @@ def _resume_settings(args: argparse.Namespace) -> tuple[TrainConfig, Path]:
     last = RunDir(run_dir).last
     if not last.is_file():
         raise FileNotFoundError(f"{run_dir} has no checkpoint to resume from (no {last})")
-    config = load_config(RunDir(run_dir).config)
-    if args.preset is not None and args.preset != config.preset:
-        raise ValueError(
-            f"{run_dir} is a run of preset {config.preset!r}, not {args.preset!r}"
-        )
-    return config, run_dir
+    return run_dir
 
 
 def run(args: argparse.Namespace) -> int:
@@ -85,20 +78,34 @@ def run(args: argparse.Namespace) -> int:
     from attnconv.models.checkpoint import load_checkpoint
     from attnconv.train.config import resolve_config
     from attnconv.train.loop import NonFiniteLossError, train
+    from attnconv.viz.figures import attention_figure
 
+    init = None
     if args.resume is not None:
-        config, run_dir = _resume_settings(args)
+        run_dir = _check_resume(args)
+        config = None
+        if args.preset is not None:
+            preset = load_checkpoint(RunDir(run_dir).last, mmap=True)["preset"]
+            if args.preset != preset:
+                raise UsageError(f"{run_dir} is a run of preset {preset!r}, not {args.preset!r}")
     else:
         if args.preset is None:
             raise UsageError(f"give --preset (one of {', '.join(PRESETS)}) or --resume RUN_DIR")
         dataset = args.dataset
-        if dataset is None and args.init is not None:
-            dataset = load_checkpoint(args.init)["dataset"]
-        config = resolve_config(args.preset, dataset, _flag_overrides(args))
+        if args.init is not None:
+            init = load_checkpoint(args.init)  # once: its dataset here, its weights in train
+            dataset = dataset or init["dataset"]
+        config = resolve_config(args.preset, dataset, args.overrides, **flag_settings(args))
         stamp = time.strftime("%Y%m%d-%H%M%S")
         run_dir = Path(args.out or Path("runs") / f"{config.preset}-{config.dataset}-{stamp}")
     try:
-        train(config, run_dir, resume=args.resume is not None)
+        train(
+            config,
+            run_dir,
+            resume=args.resume is not None,
+            init_checkpoint=init,
+            epoch_figure=attention_figure,
+        )
     except NonFiniteLossError as err:
         print(f"attnconv train: stopped: {err}", file=sys.stderr)
         return 1

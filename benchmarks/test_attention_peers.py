@@ -1,15 +1,10 @@
 """The peers ``benchmarks/attention.py`` times the layer against compute the layer's function."""
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
-from attnconv import MultiHeadSelfAttention2d
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from attention import flex_forward, shared_dense_forward
+from attnconv import MultiHeadSelfAttention2d
 
 
 def gaussian_layer() -> MultiHeadSelfAttention2d:

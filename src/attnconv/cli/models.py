@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from attnconv.errors import UserError
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
@@ -24,7 +26,7 @@ def run(args: argparse.Namespace) -> int:
     from attnconv.models.complexity import count_macs, count_parameters
 
     if args.num_classes < 1:
-        raise ValueError(f"--num-classes must be >= 1, got {args.num_classes}")
+        raise UserError(f"--num-classes must be >= 1, got {args.num_classes}")
     header = f"{'preset':<30} {'params':>8} {'MACs/image':>11}  {'input':<9} description"
     print(header)
     print("-" * len(header))

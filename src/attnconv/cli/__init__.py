@@ -1,14 +1,14 @@
 """The ``attnconv`` command line.
 
-``COMMANDS`` maps each subcommand to its one-line help and to the module, next to the code it
-drives, that defines
+``COMMANDS`` maps each subcommand to its one-line help and to its module, ``attnconv.cli.NAME``,
+which defines
 
 * ``add_arguments(parser: argparse.ArgumentParser) -> None``;
 * ``run(args: argparse.Namespace) -> int``: the exit status.
 
-Errors: a ``UserError`` (bad argument or file, busy or unwritable run folder), a missing file, an
-OSError (permissions, read-only or full disk) and a ValueError or TypeError raised by attnconv's
-own input checks print one line naming the problem (exit status 2); anything else is a bug and keeps its
+Errors: a ``UserError`` (bad argument, config value or file, busy or unwritable run folder), a
+missing file and an OSError (permissions, read-only or full disk) print one line naming the problem
+(exit status 2); anything else, a plain ValueError or TypeError included, is a bug and keeps its
 traceback.
 
 Only the chosen subcommand's module is imported, so ``attnconv --help`` and ``--version`` do not
@@ -21,9 +21,7 @@ import argparse
 import importlib
 import platform
 import sys
-import traceback
 from importlib import metadata
-from pathlib import Path
 
 from attnconv import __version__
 from attnconv.errors import UserError
@@ -31,43 +29,43 @@ from attnconv.runs import os_error_reason
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "convert": (
-        "attnconv.convert.command",
+        "attnconv.cli.convert",
         "check the conv → attention construction: configuration battery (--check), spread sweep (--sweep)",
     ),
     "plot": (
-        "attnconv.viz.cli_plot",
+        "attnconv.cli.plot",
         "draw a checkpoint's attention figures (contours, maps, distances, centre trajectories)",
     ),
     "explore": (
-        "attnconv.viz.cli_explore",
+        "attnconv.cli.explore",
         "write an offline web page to click through the attention of a checkpoint or the shipped models",
     ),
     "report": (
-        "attnconv.viz.cli_report",
+        "attnconv.cli.report",
         "compare training runs: accuracy curves and a Table-1-style summary",
     ),
     "train": (
-        "attnconv.train.command",
+        "attnconv.cli.train",
         "train a preset (from scratch, resumed exactly, or fine-tuned from a checkpoint)",
     ),
     "eval": (
-        "attnconv.train.eval_command",
+        "attnconv.cli.eval",
         "accuracy and cross-entropy of a checkpoint on its dataset's test (or validation) split",
     ),
     "reproduce": (
-        "attnconv.reproduce",
+        "attnconv.cli.reproduce",
         "the paper's experiment on a dataset: train every model, Table 1, grid scores, figures",
     ),
     "demo": (
-        "attnconv.train.demo_command",
+        "attnconv.cli.demo",
         "the paper in a few CPU minutes, no download: Theorem 1, training on digits, figures",
     ),
     "models": (
-        "attnconv.models.cli_models",
+        "attnconv.cli.models",
         "list the model presets with parameters and forward multiply-adds per image",
     ),
     "heads": (
-        "attnconv.models.cli_heads",
+        "attnconv.cli.heads",
         "print each Gaussian attention head of a checkpoint and flag the degenerate ones",
     ),
 }
@@ -113,23 +111,8 @@ def main(argv: list[str] | None = None) -> int:
         message = str(err)
     except OSError as err:  # permissions, read-only or full disks, ...: name the file
         message = f"{err.filename}: {os_error_reason(err)}" if err.filename else str(err)
-    except (ValueError, TypeError) as err:
-        if not _rejects_input(err):
-            raise  # an internal bug: keep the traceback
-        message = str(err)
     print(f"attnconv {args.command}: error: {message}", file=sys.stderr)
     return 2
-
-
-def _rejects_input(err: Exception) -> bool:
-    """True for an error raised by a ``raise`` statement of attnconv's own code (its input
-    checks); False for one raised inside torch, numpy or Python itself, which is a bug."""
-    frames = traceback.extract_tb(err.__traceback__)
-    if not frames:
-        return False
-    last = frames[-1]
-    ours = Path(last.filename).resolve().is_relative_to(Path(__file__).resolve().parent)
-    return ours and (last.line or "").lstrip().startswith("raise ")
 
 
 if __name__ == "__main__":

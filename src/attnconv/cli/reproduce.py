@@ -1,0 +1,48 @@
+"""``attnconv reproduce EXPERIMENT --out DIR``: the paper's experiment on a dataset
+(``attnconv.reproduce``)."""
+
+from __future__ import annotations
+
+import argparse
+
+from attnconv.hardware import PRECISIONS
+from attnconv.reproduce import EXPERIMENTS  # a light module: its heavy imports are in functions
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("experiment", choices=tuple(EXPERIMENTS), help="the dataset")
+    parser.add_argument("--out", default="reproduce-fashion-mnist", help="the experiment folder")
+    parser.add_argument(
+        "--presets",
+        nargs="+",
+        metavar="PRESET",
+        help="only these models of the experiment (default: all)",
+    )
+    parser.add_argument(
+        "--precision",
+        choices=PRECISIONS,
+        default="auto",
+        help="training precision of new runs (auto: bfloat16 where native)",
+    )
+    parser.add_argument("--data-dir", help="where datasets live")
+    parser.add_argument(
+        "--export-weights",
+        nargs="?",
+        const="",
+        metavar="FOLDER",
+        help="write the best checkpoints as shipped weights (default folder: the package's own)",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from attnconv.reproduce import run_experiment
+
+    run_experiment(
+        args.experiment,
+        args.out,
+        presets=args.presets,
+        precision=args.precision,
+        data_dir=args.data_dir,
+        export_weights=args.export_weights,
+    )
+    return 0

@@ -1,0 +1,40 @@
+"""`attnconv explore`: options that would do nothing in a combination are refused in one line."""
+
+import pytest
+
+from attnconv.cli import main
+from attnconv.models import create_model
+from viz_helpers import save_checkpoint
+
+
+@pytest.fixture
+def position_only(tmp_path):
+    return save_checkpoint(tmp_path / "quick.pt", create_model("quick"), "quick", {})
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (["--images", "2"], "--images and --data-dir do nothing for"),
+        (["--data-dir", "somewhere"], "position-only, the same for every image"),
+        (["--weights-dir", "w"], "--weights-dir is for --pretrained"),
+        (["--port", "0"], "--port is for --serve"),
+    ],
+)
+def test_options_that_do_nothing_are_refused(position_only, tmp_path, capsys, options, message):
+    out = tmp_path / "site"
+    assert main(["explore", str(position_only), "--out", str(out), *options]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1, err
+    assert not (out / "index.html").exists()
+
+
+def test_data_dir_with_pretrained_is_refused(tmp_path, capsys):
+    argv = ["explore", "--pretrained", "quadratic-fashion", "--data-dir", "d", "--out", "x"]
+    assert main(argv) == 2
+    assert "--pretrained shows the test images shipped" in capsys.readouterr().err
+
+
+def test_a_position_only_checkpoint_explores_without_them(position_only, tmp_path):
+    assert main(["explore", str(position_only), "--out", str(tmp_path / "site")]) == 0
+    assert (tmp_path / "site" / "index.html").is_file()

@@ -1,0 +1,85 @@
+"""`attnconv train`: typed flags straight into the config, --init read once, resume from the
+checkpoint's config alone."""
+
+import importlib
+import json
+
+import pytest
+
+from attnconv.cli import main
+from attnconv.models import checkpoint as checkpoint_module
+from attnconv.models.checkpoint import load_checkpoint
+from attnconv.train import loop
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+TINY = ["model.hidden=16", "model.depth=1", "model.heads=2", "model.head_dim=8",
+        "model.mlp_dim=32", "batch_size=64", "tensorboard=false", "progress=false",
+        "device=cpu", "precision=fp32"]
+
+
+@pytest.fixture
+def captured(monkeypatch):
+    calls = []
+    monkeypatch.setattr(loop, "train", lambda *args, **kwargs: calls.append((args, kwargs)))
+    return calls
+
+
+def test_typed_flags_become_typed_values(captured, tmp_path):
+    argv = ["train", "--preset", "quick", "--epochs", "3", "--compile", "--device", "cpu",
+            "--precision", "bf16", "--out", str(tmp_path / "run"), "lr=0.05"]
+    assert main(argv) == 0
+    ((args, kwargs),) = captured
+    config = args[0]
+    assert (config.epochs, config.compile, config.device, config.precision, config.lr) == (
+        3, True, "cpu", "bf16", 0.05)
+    assert config.dataset == "digits" and kwargs["init_checkpoint"] is None
+    assert kwargs["epoch_figure"].__name__ == "attention_figure"
+
+
+def test_a_flag_and_an_override_of_the_same_key_are_refused(captured, capsys):
+    assert main(["train", "--preset", "quick", "--epochs", "3", "epochs=4"]) == 2
+    assert "epochs is given twice" in capsys.readouterr().err and not captured
+
+
+def test_epochs_must_be_an_integer(capsys):
+    with pytest.raises(SystemExit):
+        main(["train", "--preset", "quick", "--epochs", "3.5"])
+    assert "invalid int value: '3.5'" in capsys.readouterr().err
+
+
+def test_init_checkpoint_is_loaded_once(captured, monkeypatch, tmp_path):
+    loaded = []
+    fake = {"preset": "quadratic-generalized", "dataset": "fashion-mnist"}
+    # `attnconv train` imports viz.figures, whose modules bind load_checkpoint when first
+    # imported: import them before the patch, so that it does not outlive this test
+    importlib.import_module("attnconv.viz.figures")
+    monkeypatch.setattr(checkpoint_module, "load_checkpoint", lambda path: loaded.append(path) or fake)
+    argv = ["train", "--preset", "quadratic-generalized-pruned", "--init", "g.pt",
+            "--out", str(tmp_path / "run")]
+    assert main(argv) == 0
+    ((args, kwargs),) = captured
+    assert loaded == ["g.pt"] and kwargs["init_checkpoint"] is fake
+    assert (args[0].dataset, args[0].init) == ("fashion-mnist", "g.pt")  # the checkpoint's dataset
+
+
+def test_resume_uses_the_checkpoint_config_not_an_edited_config_json(tmp_path, capsys):
+    """config.json is the copy for people to read: editing it changes nothing (a note says so and
+    it is rewritten); the run continues with the config saved in last.pt."""
+    run_dir = tmp_path / "run"
+    assert main(["train", "--preset", "quick", "--epochs", "1", "--out", str(run_dir), *TINY]) == 0
+    (run_dir / "summary.json").unlink()  # as if killed before the test of the best checkpoint
+    original = json.loads((run_dir / "config.json").read_text())
+    (run_dir / "config.json").write_text(json.dumps({**original, "epochs": 9, "lr": 5.0}))
+    capsys.readouterr()
+    assert main(["train", "--resume", str(run_dir)]) == 0
+    err = capsys.readouterr().err
+    assert "config.json differs from the config saved in" in err and "(epochs, lr)" in err
+    assert json.loads((run_dir / "config.json").read_text()) == original
+    assert json.loads((run_dir / "summary.json").read_text())["epochs"] == 1  # not 9
+    assert load_checkpoint(run_dir / "checkpoints" / "last.pt")["epoch"] == 1
+
+
+def test_resume_takes_no_other_options(tmp_path, capsys):
+    assert main(["train", "--resume", str(tmp_path), "--epochs", "3"]) == 2
+    assert "takes no other options" in capsys.readouterr().err
