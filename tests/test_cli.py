@@ -106,3 +106,39 @@ def test_a_command_module_imports_no_torch_before_it_runs():
         "print('torch imported:', 'torch' in sys.modules)\n"
     )
     assert out.strip() == "torch imported: False"
+
+
+def _checkpoint_of(tmp_path, preset):
+    from attnconv.models import create_model
+    from viz_helpers import save_checkpoint, small_model
+
+    if preset == "resnet-fashion":
+        model, config = create_model(preset, in_channels=1), {"in_channels": 1}
+    else:
+        model, config = small_model(preset)
+    return save_checkpoint(tmp_path / f"{preset}.pt", model, preset, config)
+
+
+@pytest.mark.parametrize(
+    ("command", "preset", "message"),
+    [
+        (["plot", "--out", "figures"], "resnet-fashion", "ResNet, which has no attention"),
+        (["heads"], "learned", "head geometry needs Gaussian attention"),
+    ],
+)
+def test_a_checkpoint_the_command_cannot_use_is_one_line(tmp_path, capsys, command, preset, message):
+    path = _checkpoint_of(tmp_path, preset)
+    command = [part.replace("figures", str(tmp_path / "figures")) for part in command]
+    assert main([command[0], str(path), *command[1:]]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1, err
+
+
+def test_report_of_a_run_with_broken_json_is_one_line(tmp_path, capsys):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text('{"epoch": 1}\n')
+    (run / "config.json").write_text("{not json")
+    assert main(["report", str(run), "--out", str(tmp_path / "report")]) == 2
+    err = capsys.readouterr().err
+    assert "config.json: not valid JSON" in err and err.count("\n") == 1, err

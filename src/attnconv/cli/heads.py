@@ -24,15 +24,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from attnconv.errors import UserError
     from attnconv.models.checkpoint import load_model
-    from attnconv.models.heads import gaussian_layers, head_table
+    from attnconv.models.heads import head_table
 
     model, checkpoint = load_model(args.checkpoint)
-    try:
-        gaussian_layers(model)  # only checks the kind of model: the user's choice of checkpoint
-    except ValueError as err:
-        raise UserError(f"{args.checkpoint}: {err}") from err
     rows = head_table(model, args.min_spread, args.max_condition)
     print(f"{args.checkpoint}: preset {checkpoint['preset']}, epoch {checkpoint.get('epoch', '?')}")
     print(

@@ -15,6 +15,7 @@ from typing import Any
 from torch import nn
 
 from attnconv.attention import MultiHeadSelfAttention2d
+from attnconv.errors import UserError
 from attnconv.models.complexity import count_parameters
 
 MIN_SPREAD = 0.05
@@ -23,9 +24,9 @@ MAX_CONDITION = 1000.0
 
 def gaussian_layers(model: nn.Module) -> list[tuple[int, MultiHeadSelfAttention2d]]:
     """``(layer index, layer)`` for the model's Gaussian attention layers; the index counts every
-    attention layer of ``model.attention_layers()``. ValueError if there are none."""
+    attention layer of ``model.attention_layers()``. UserError (a ValueError) if there are none."""
     if not hasattr(model, "attention_layers"):
-        raise ValueError(
+        raise UserError(
             f"{type(model).__name__} has no attention layers (expected an ImageTransformer)"
         )
     layers = [
@@ -35,7 +36,7 @@ def gaussian_layers(model: nn.Module) -> list[tuple[int, MultiHeadSelfAttention2
     ]
     if not layers:
         kinds = sorted({str(layer.positional) for layer in model.attention_layers()})
-        raise ValueError(
+        raise UserError(
             f"head geometry needs Gaussian attention (positional 'gaussian' or "
             f"'gaussian_full'); this model's layers use {', '.join(kinds)}"
         )
@@ -112,7 +113,7 @@ def prune_degenerate_heads(
     layers = model.attention_layers()
     for index, heads in degenerate.items():
         if len(heads) == layers[index].heads:
-            raise ValueError(
+            raise UserError(
                 f"all {len(heads)} heads of attention layer {index} are degenerate; pruning "
                 f"would leave the layer without heads (nothing was pruned)"
             )

@@ -49,6 +49,7 @@ import torch
 from torch import Tensor, nn
 
 from attnconv.attention import MultiHeadSelfAttention2d, scores
+from attnconv.errors import UserError
 from attnconv.models.modes import evaluating
 from attnconv.viz.maps import attention_layers, compute_attention, token_grid
 
@@ -309,7 +310,7 @@ def explorer_data(
     if images is not None or not position_only:
         _check_images(images, image_size, "a model with content scores needs test images")
         if labels is not None and len(labels) != images.shape[0]:
-            raise ValueError(f"got {len(labels)} labels for {images.shape[0]} images")
+            raise UserError(f"got {len(labels)} labels for {images.shape[0]} images")
         for index in range(images.shape[0]):
             entry = {
                 "label": labels[index] if labels is not None else f"image {index}",
@@ -377,7 +378,7 @@ def write_explorer(
     models left out, with the reason, shown on the page. Returns the written files. Open
     ``out_dir/index.html`` in a browser (``file://`` works)."""
     if not models:
-        raise ValueError("an explorer site needs at least one model with attention")
+        raise UserError("an explorer site needs at least one model with attention")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     written = []

@@ -11,6 +11,7 @@ import torch
 from matplotlib.figure import Figure
 from torch import Tensor, nn
 
+from attnconv.errors import UserError
 from attnconv.runs import RunDir
 from attnconv.viz.contours import contour_figure
 from attnconv.viz.distance import add_distances, distance_figure, format_head_table, layer_distances
@@ -70,7 +71,7 @@ def test_images(dataset: str, count: int, data_dir: str | None) -> tuple[Tensor,
     from attnconv.data import load_splits
 
     if count < 1:
-        raise ValueError(f"need at least one test image, got {count}")
+        raise UserError(f"need at least one test image, got {count}")
     splits = load_splits(dataset, data_dir=data_dir)
     images = splits.test.images[:count].float() / 255.0
     labels = [
@@ -110,7 +111,7 @@ def plot_checkpoint(
     path = checkpoint_path(path)
     model, checkpoint = load_model(path)
     if not hasattr(model, "attention_layers"):
-        raise ValueError(f"{str(path)!r} holds a {type(model).__name__}, which has no attention")
+        raise UserError(f"{str(path)!r} holds a {type(model).__name__}, which has no attention")
     images = labels = None
     if not is_position_only(model):
         images, labels = test_images(
@@ -153,7 +154,7 @@ def plot_model(
     distances over the first ``num_images``.
     """
     if not hasattr(model, "attention_layers"):
-        raise ValueError(f"{name} is a {type(model).__name__}, which has no attention")
+        raise UserError(f"{name} is a {type(model).__name__}, which has no attention")
     image_size = tuple(model.image_size)
     out = Path(out_dir)
     files: list[Path] = []
@@ -162,9 +163,9 @@ def plot_model(
         image = None
     else:
         if images is None or labels is None:
-            raise ValueError(f"{name} has content scores: its figures need test images")
+            raise UserError(f"{name} has content scores: its figures need test images")
         if not 0 <= image_index < images.shape[0]:
-            raise ValueError(f"image_index {image_index} is outside the {images.shape[0]} images")
+            raise UserError(f"image_index {image_index} is outside the {images.shape[0]} images")
         image = images[image_index]
         maps = compute_attention(model, image_size, image[None])
         maps.description = labels[image_index]

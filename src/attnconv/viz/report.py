@@ -17,6 +17,7 @@ from typing import Any
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
+from attnconv.errors import UserError
 from attnconv.runs import RunDir
 from attnconv.viz.style import new_figure, palette_color
 
@@ -69,9 +70,9 @@ def _parse_json(text: str, where: str) -> dict[str, Any]:
     try:
         value = json.loads(text)
     except json.JSONDecodeError as err:
-        raise ValueError(f"{where}: not valid JSON ({err})") from err
+        raise UserError(f"{where}: not valid JSON ({err})") from err
     if not isinstance(value, dict):
-        raise ValueError(f"{where}: expected a JSON object, got {type(value).__name__}")
+        raise UserError(f"{where}: expected a JSON object, got {type(value).__name__}")
     return value
 
 
@@ -190,7 +191,7 @@ def report_figure(runs: Sequence[Run], title: str | None = None) -> Figure:
     epoch of the checkpoint it was measured on (``test_point``). Each run's line has gid
     ``"val-{i}"`` and its star ``"test-{i}"``."""
     if not runs:
-        raise ValueError("no runs to plot")
+        raise UserError("no runs to plot")
     fig = new_figure(7.5, 4.5)
     ax = fig.subplots()
     stars = False

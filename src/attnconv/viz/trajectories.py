@@ -14,6 +14,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Rectangle
 
+from attnconv.errors import UserError
 from attnconv.models.checkpoint import load_checkpoint
 from attnconv.runs import RunDir
 from attnconv.viz.style import QUERY_COLOR, new_figure, palette_color
@@ -62,7 +63,7 @@ def load_center_trajectories(run_dir: str | Path) -> CenterTrajectories:
         state = checkpoint["model"]
         names = [name for name in state if name.rsplit(".", 1)[-1] == CENTERS_SUFFIX]
         if not names:
-            raise ValueError(
+            raise UserError(
                 f"{str(path)!r} has no Gaussian attention centres (preset "
                 f"{checkpoint.get('preset')!r}); trajectories need a Gaussian model"
             )
@@ -72,7 +73,7 @@ def load_center_trajectories(run_dir: str | Path) -> CenterTrajectories:
     first_names, first_shapes = records[0][1], [c.shape for c in records[0][2]]
     for epoch, names, centers, path in records[1:]:
         if names != first_names or [c.shape for c in centers] != first_shapes:
-            raise ValueError(
+            raise UserError(
                 f"{str(path)!r} (epoch {epoch}) has different attention heads than "
                 f"{str(records[0][3])!r}; a trajectory needs the same heads in every checkpoint"
             )
