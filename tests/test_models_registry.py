@@ -15,7 +15,7 @@ from attnconv.models import PRESETS, ImageTransformer, ResNet, create_model, res
 NUM_CLASSES = 7
 
 # Small versions of every preset for the battery (the full sizes are only counted, in
-# test_presets.py). `quick` is small already.
+# test_models_presets.py). `quick` is small already.
 SMALL = {
     "image_transformer": {"hidden": 32, "depth": 2, "mlp_dim": 48, "heads": 4},
     "resnet18": {"widths": (8, 16, 16, 32)},
