@@ -5,6 +5,7 @@ import json
 import pytest
 
 from attnconv.models import create_model
+from attnconv.runs import RunDir
 from attnconv.train.logger import RunLogger, format_record
 
 RECORD = {"epoch": 1, "step": 10, "lr": 0.05, "train_loss": 2.0, "train_acc": 0.25,
@@ -19,7 +20,7 @@ def events(run_dir):
 
 def test_without_a_figure_callback_only_scalars_are_logged(tmp_path) -> None:
     model = create_model("quick")
-    logger = RunLogger(tmp_path, 3, enabled=True, tensorboard=True)
+    logger = RunLogger(RunDir(tmp_path), 3, enabled=True, tensorboard=True)
     logger.epoch(RECORD, model, (8, 8))
     logger.metrics([RECORD])
     logger.close()
@@ -42,7 +43,7 @@ def test_the_figure_callback_sees_attention_models_in_eval_mode(tmp_path, model)
         return plt.figure(figsize=(1, 1))
 
     net = create_model(model).train()
-    logger = RunLogger(tmp_path, 3, enabled=True, tensorboard=True, figure=figure)
+    logger = RunLogger(RunDir(tmp_path), 3, enabled=True, tensorboard=True, figure=figure)
     logger.epoch(RECORD, net, (8, 8))
     logger.close()
     has_attention = model == "quick"
