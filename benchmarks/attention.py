@@ -185,6 +185,11 @@ def report_peers(size: str, batch: int, times: dict) -> list[tuple[str, float, f
     if size in PEER_TARGETS:
         checks.append((f"{size}: best peer / layer, fwd+bwd", min(peer_times) / layer_both,
                        PEER_TARGETS[size], True))
+        # Every peer runs the same output projection, so no layer can beat this ratio here.
+        bound = min(peer_times) / times["floor: projection"][1]
+        print(f"bound: best peer / projection floor = {bound:.2f}x, the most any implementation "
+              f"that runs the projection can reach on this machine (layer reaches "
+              f"{min(peer_times) / layer_both / bound:.0%} of it)")
     if size == "paper":
         checks.append(("paper: layer / projection floor, fwd+bwd",
                        layer_both / times["floor: projection"][1], FLOOR_TARGET, False))

@@ -9,12 +9,12 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from attention_reference import reference_forward
 from attnconv import MultiHeadSelfAttention2d
 from attnconv.attention import layer as layer_module
 from attnconv.attention import scores
+from memory_probe import LargestOutput
 
 # (positional, content, content_positional)
 CONFIGS = [
@@ -211,32 +211,17 @@ def test_return_attention_for_content_layers_matches_reference(config):
         layer.attention_probs(4, 3)
 
 
-class _LargestOutput(TorchDispatchMode):
-    """Records the number of elements of the largest tensor any operator produces."""
-
-    def __init__(self):
-        super().__init__()
-        self.largest = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in out if isinstance(out, tuple | list) else (out,):
-            if isinstance(t, torch.Tensor):
-                self.largest = max(self.largest, t.numel())
-        return out
-
-
 @pytest.mark.parametrize("positional", ["gaussian", "learned"])
 def test_separable_path_never_builds_an_n_by_n_tensor(positional):
     height, width, dim = 20, 18, 4
     n = height * width
     layer = MultiHeadSelfAttention2d(dim, 2, positional=positional, dropout=0.1)
     x = torch.randn(2, height, width, dim, requires_grad=True)
-    with _LargestOutput() as recorder:
+    with LargestOutput() as recorder:
         layer(x).sum().backward()
     assert recorder.largest < n * n  # the dense path's (heads, N, N) would be 2·N²
     layer.impl = "dense"
-    with _LargestOutput() as dense_recorder:
+    with LargestOutput() as dense_recorder:
         layer(x).sum().backward()
     assert dense_recorder.largest >= 2 * n * n
 

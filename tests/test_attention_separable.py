@@ -12,7 +12,7 @@ from attnconv import MultiHeadSelfAttention2d
 from attnconv.attention import layer as layer_module
 from attnconv.attention import separable
 from attnconv.attention.separable import separable_attention_project
-from test_attention import _LargestOutput
+from memory_probe import LargestOutput
 
 
 def plain_reference(values, row, col, weight, bias):
@@ -133,13 +133,13 @@ def test_layer_never_builds_a_tensor_of_heads_times_the_input():
     x = torch.randn(batch, height, width, dim, requires_grad=True)
     with (
         mock.patch.object(layer_module, "FUSED_MIN_ELEMENTS", x.numel()),
-        _LargestOutput() as recorder,
+        LargestOutput() as recorder,
     ):
         layer(x).sum().backward()
     pixels = batch * height * width
     # ... or the per-row (W, W) partial gradients of the column factor, pixels·W numbers
     assert recorder.largest <= max(pixels * dim, pixels * width)
-    with _LargestOutput() as batched:  # all heads at once (the route below the threshold)
+    with LargestOutput() as batched:  # all heads at once (the route below the threshold)
         layer(x).sum().backward()
     assert batched.largest >= pixels * heads * dim
 
