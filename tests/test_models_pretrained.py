@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from attnconv.models import ImageTransformer, create_model
-from attnconv.models.presets import PRESETS
+from attnconv.models.presets import MODELS, PRESETS
 from attnconv.models.pretrained import (
     INDEX_NAME,
     SAMPLE_COUNT,
@@ -144,6 +144,11 @@ def test_commands_take_a_checkpoint_or_a_pretrained_name_not_both(capsys):
 SHIPPED = pretrained_models()
 
 
+def _as_saved(arguments: dict) -> dict:
+    """JSON gives lists where the presets hold tuples."""
+    return {k: tuple(v) if isinstance(v, list) else v for k, v in arguments.items()}
+
+
 def test_the_fashion_mnist_experiment_is_shipped_within_10_mb():
     assert list(SHIPPED) == [
         "quadratic-fashion",
@@ -156,8 +161,10 @@ def test_the_fashion_mnist_experiment_is_shipped_within_10_mb():
     assert total <= 10 * 2**20
     for name, info in SHIPPED.items():
         assert info.architecture == PRESETS[name].model and info.dataset == "fashion-mnist"
-        # The full constructor arguments: every key of the preset, plus what the dataset fixed.
-        assert set(PRESETS[name].model_kwargs) | {"num_classes"} <= set(info.arguments)
+        # Every constructor argument, defaults included: a later default cannot change the model.
+        assert set(info.arguments) == set(inspect.signature(MODELS[info.architecture]).parameters)
+        shape = {k: v for k, v in PRESETS[name].model_kwargs.items() if k not in ("mean", "std")}
+        assert shape.items() <= _as_saved(info.arguments).items()  # statistics: measured on data
         model = create_model(name, pretrained=True)
         assert not model.training
         assert model(torch.rand(2, 1, 28, 28)).shape == (2, 10)
