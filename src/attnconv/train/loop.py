@@ -43,6 +43,7 @@ from tqdm import tqdm
 from attnconv.data import BatchLoader, DataSplits, load_splits
 from attnconv.errors import UserError
 from attnconv.hardware import resolve_precision
+from attnconv.memory import reuse_freed_memory
 from attnconv.models import MODELS, PRESETS, count_macs, count_parameters
 from attnconv.models.checkpoint import (
     CheckpointError,
@@ -237,6 +238,8 @@ class Trainer:
         epoch_figure: EpochFigure | None = None,
     ) -> None:
         self.device = context.device
+        if self.device.type == "cpu":
+            reuse_freed_memory()  # no page faults for each step's large tensors: attnconv.memory
         # "auto" becomes what this device runs fast; config.json and summary.json record it.
         precision = resolve_precision(
             config.precision, self.device, warn=_warn if context.is_main else lambda _: None
