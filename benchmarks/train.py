@@ -10,7 +10,11 @@ gives images/s and the achieved fraction of that ceiling; the target for ``quadr
 is ≥ 75%.
 
 The GEMM ceiling is measured before and after the presets and the better of the two counts (a
-shared machine's clock and neighbours move it by tens of percent within a minute).
+shared machine's clock and neighbours move it by tens of percent within a minute). The same product
+is also timed as a 1×1 convolution: where the convolution library (oneDNN on a CPU) reaches more
+than the matrix-product one (BLAS: MKL in PyTorch's x86 builds; on an AMD EPYC Zen 5 the two
+measured 404 and 203 GFLOP/s in float32), convolutional models show more than 100% of the GEMM
+ceiling, and the attention models' Linear layers, which go through BLAS, cannot reach it.
 
 On a CPU the steps run as ``attnconv train`` runs them, with freed memory kept for reuse
 (``attnconv.memory.reuse_freed_memory``); the first preset is also timed in float32 before that
@@ -58,6 +62,26 @@ def gemm_flops_per_second(size: int, dtype: torch.dtype, device: torch.device,
             torch.cuda.synchronize(device)
         started = time.perf_counter()
         a @ b
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        best = min(best, time.perf_counter() - started)
+    return 2 * size**3 / best
+
+
+def conv_flops_per_second(size: int, dtype: torch.dtype, device: torch.device,
+                          repeats: int = 10) -> float:
+    """Best FLOP/s of the same ``size³`` product run as a 1×1 convolution (oneDNN on a CPU, cuDNN
+    on CUDA), the route the ResNet's convolutions take."""
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(1, size, 1, size, generator=generator).to(device=device, dtype=dtype)
+    w = torch.randn(size, size, 1, 1, generator=generator).to(device=device, dtype=dtype)
+    F.conv2d(x, w)  # warm-up
+    best = float("inf")
+    for _ in range(repeats):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        started = time.perf_counter()
+        F.conv2d(x, w)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         best = min(best, time.perf_counter() - started)
@@ -141,7 +165,12 @@ def main(argv: list[str] | None = None) -> None:
     ceiling = {p: max(ceiling_before[p], gemm_flops_per_second(args.gemm_size, DTYPES[p], device))
                for p in precisions}
     print("GEMM ceiling (" + ", ".join(
-        f"{p} {ceiling[p] / 1e9:.0f} GFLOP/s" for p in precisions) + f"), {args.gemm_size}^3\n")
+        f"{p} {ceiling[p] / 1e9:.0f} GFLOP/s" for p in precisions) + f"), {args.gemm_size}^3")
+    conv_rate = conv_flops_per_second(args.gemm_size, torch.float32, device)
+    print(f"The same product as a 1x1 convolution: fp32 {conv_rate / 1e9:.0f} GFLOP/s "
+          f"({conv_rate / ceiling['fp32']:.2f}x the GEMM ceiling; where it is above 1, the "
+          f"convolution library reaches more of the machine than the matrix-product one, and "
+          f"convolutional models can exceed 100%)\n")
 
     header = f"{'preset':<24}{'params':>9}{'GFLOP/img':>11}"
     for p in precisions:
