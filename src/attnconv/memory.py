@@ -21,7 +21,6 @@ musl, Windows) it does nothing.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import functools
 
 # mallopt parameters, from glibc's <malloc.h>
@@ -34,16 +33,13 @@ largest value ``mallopt`` takes, 2 GiB)."""
 
 @functools.cache
 def _mallopt() -> ctypes._CFuncPtr | None:
-    """glibc's ``mallopt``, or None where the C library is not glibc."""
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return None
+    """glibc's ``mallopt`` from the running process, or None where the C library is not glibc."""
     try:
-        libc = ctypes.CDLL(name)
+        libc = ctypes.CDLL(None)  # the symbols already loaded: the process's own C library
         libc.gnu_get_libc_version  # only glibc has it  # noqa: B018
-    except (OSError, AttributeError):
+        mallopt = libc.mallopt
+    except (OSError, TypeError, AttributeError):  # TypeError: Windows takes no None here
         return None
-    mallopt = libc.mallopt
     mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
     mallopt.restype = ctypes.c_int
     return mallopt
