@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from attention_reference import reference_scores
-from attnconv import MultiHeadSelfAttention2d
+from attnconv import MultiHeadSelfAttention2d, errors
 from attnconv.attention import (
     POSITIONAL_SCORES,
     GaussianFullScore,
@@ -19,7 +19,6 @@ from attnconv.attention import (
     LearnedScore,
     PositionalScore,
 )
-from attnconv.attention import layer as layer_module
 from attnconv.attention.positional import Positional, positional_score_class
 from attnconv.attention.scores import kron_factors, kron_sum_factors
 from attnconv.models import create_model
@@ -244,7 +243,7 @@ def test_a_model_checkpoint_with_the_old_names_loads():
 
 
 def test_old_attribute_names_warn_once_and_reach_the_score(monkeypatch):
-    monkeypatch.setattr(layer_module, "_warned_aliases", set())
+    monkeypatch.setattr(errors, "_warned", set())
     layer = MultiHeadSelfAttention2d(4, 2, positional="learned")
     expected = r"positional_weight is deprecated.*position\.weight"
     with pytest.warns(DeprecationWarning, match=expected):

@@ -5,6 +5,7 @@ import warnings
 import pytest
 import torch
 
+from attnconv import errors
 from attnconv.models import checkpoint
 from attnconv.train import checkpoint as training_state
 from attnconv.train.checkpoint import rng_state, set_rng_state
@@ -21,7 +22,7 @@ def test_rng_state_round_trip() -> None:
 
 
 def test_the_old_load_model_name_warns_once_and_is_the_new_one(monkeypatch) -> None:
-    monkeypatch.setattr(training_state, "_warned", set())
+    monkeypatch.setattr(errors, "_warned", set())
     with pytest.warns(DeprecationWarning, match="moved to attnconv.models.checkpoint.load_model"):
         from attnconv.train.checkpoint import load_model
     assert load_model is checkpoint.load_model

@@ -6,6 +6,7 @@ import re
 
 import pytest
 
+from attnconv import errors
 from attnconv.errors import UserError
 from attnconv.models import PRESETS, Preset
 from attnconv.train.config import (
@@ -46,8 +47,10 @@ def test_a_bad_recipe_is_named_when_a_config_is_resolved(monkeypatch) -> None:
         resolve_config("bad")
 
 
-def test_recipe_is_a_deprecated_alias_of_the_mapping() -> None:
+def test_recipe_is_a_deprecated_alias_of_the_mapping(monkeypatch) -> None:
     from attnconv.models import Recipe
+
+    monkeypatch.setattr(errors, "_warned", set())  # warned once per process: maybe already
 
     with pytest.warns(DeprecationWarning, match="Recipe is deprecated"):
         recipe = Recipe(lr=0.01, epochs=3)

@@ -28,7 +28,6 @@ path draws and applies exactly the same factored mask, so both paths agree sampl
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Sequence
 from typing import Literal
 
@@ -39,6 +38,7 @@ from torch import Tensor, nn
 from attnconv.attention import scores
 from attnconv.attention.positional import Positional, PositionalScore, positional_score_class
 from attnconv.attention.separable import separable_attention_project
+from attnconv.errors import warn_deprecated
 
 IMPLEMENTATIONS: tuple[str, ...] = ("auto", "dense")
 FUSED_MIN_ELEMENTS = 1 << 16
@@ -83,9 +83,6 @@ def _rename_legacy_keys(
             state_dict[f"{prefix}position.{new}"] = state_dict.pop(prefix + old)
 
 
-_warned_aliases: set[str] = set()
-
-
 def _legacy_attribute(layer: MultiHeadSelfAttention2d, old: str) -> Tensor:
     """``layer.<old>`` (deprecated): ``layer.position.<new>``, with one DeprecationWarning."""
     new = _LEGACY_NAMES[old]
@@ -93,14 +90,12 @@ def _legacy_attribute(layer: MultiHeadSelfAttention2d, old: str) -> Tensor:
         raise AttributeError(
             f"{type(layer).__name__} with positional={layer.positional!r} has no {old!r}"
         )
-    if old not in _warned_aliases:
-        _warned_aliases.add(old)
-        warnings.warn(
-            f"MultiHeadSelfAttention2d.{old} is deprecated; use layer.position.{new} "
-            "(the positional score module)",
-            DeprecationWarning,
-            stacklevel=3,
-        )
+    warn_deprecated(
+        f"MultiHeadSelfAttention2d.{old}",
+        f"MultiHeadSelfAttention2d.{old} is deprecated; use layer.position.{new} "
+        "(the positional score module)",
+        stacklevel=3,
+    )
     return getattr(layer.position, new)
 
 

@@ -11,7 +11,6 @@ Fashion-MNIST scale-downs (``*-fashion``, see the comment above ``PRESETS``).
 from __future__ import annotations
 
 import inspect
-import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,7 +18,7 @@ from typing import Any
 from torch import nn
 
 from attnconv.data.statistics import DIGITS_MEAN, DIGITS_STD, FASHION_MNIST_MEAN, FASHION_MNIST_STD
-from attnconv.errors import UserError
+from attnconv.errors import UserError, warn_deprecated
 from attnconv.models.resnet import ResNet
 from attnconv.models.transformer import ImageTransformer
 
@@ -58,22 +57,16 @@ class Preset:
 def Recipe(**fields: Any) -> dict[str, Any]:
     """Deprecated: a preset's recipe is now a plain mapping of ``TrainConfig`` field → value
     (``Preset(..., recipe={"lr": 0.01})``); this returns ``fields`` as that mapping."""
-    global _RECIPE_WARNED
-    if not _RECIPE_WARNED:
-        _RECIPE_WARNED = True
-        warnings.warn(
-            "attnconv.models.Recipe is deprecated: give Preset a mapping of TrainConfig field → "
-            "value (recipe={'lr': 0.01}); dataset and requires_init are Preset fields",
-            DeprecationWarning,
-            stacklevel=2,
-        )
+    warn_deprecated(
+        "attnconv.models.Recipe",
+        "attnconv.models.Recipe is deprecated: give Preset a mapping of TrainConfig field → "
+        "value (recipe={'lr': 0.01}); dataset and requires_init are Preset fields",
+    )
     moved = sorted({"dataset", "requires_init"} & set(fields))
     if moved:
         raise TypeError(f"{', '.join(moved)}: now arguments of Preset, not of its recipe")
     return dict(fields)
 
-
-_RECIPE_WARNED = False
 
 MODELS: dict[str, type[nn.Module]] = {"image_transformer": ImageTransformer, "resnet18": ResNet}
 

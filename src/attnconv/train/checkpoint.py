@@ -7,13 +7,13 @@ the README gave before, still works for one release and warns.
 
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
 import torch
 
+from attnconv.errors import warn_deprecated
+
 _MOVED = ("load_model",)
-_warned: set[str] = set()
 
 
 def rng_state() -> dict[str, Any]:
@@ -34,14 +34,11 @@ def set_rng_state(state: dict[str, Any]) -> None:
 def __getattr__(name: str) -> Any:
     if name not in _MOVED:
         raise AttributeError(f"module 'attnconv.train.checkpoint' has no attribute {name!r}")
-    if name not in _warned:
-        _warned.add(name)
-        warnings.warn(
-            f"attnconv.train.checkpoint.{name} moved to attnconv.models.checkpoint.{name} "
-            f"(also attnconv.train.{name}); the old name goes in the next release",
-            DeprecationWarning,
-            stacklevel=2,
-        )
+    warn_deprecated(
+        f"attnconv.train.checkpoint.{name}",
+        f"attnconv.train.checkpoint.{name} moved to attnconv.models.checkpoint.{name} "
+        f"(also attnconv.train.{name}); the old name goes in the next release",
+    )
     from attnconv.models import checkpoint
 
     return getattr(checkpoint, name)
