@@ -10,12 +10,10 @@ from attnconv.cli import main
 from attnconv.models import checkpoint as checkpoint_module
 from attnconv.models.checkpoint import load_checkpoint
 from attnconv.train import loop
+from train_helpers import QUIET, TINY
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-TINY = ["model.hidden=16", "model.depth=1", "model.heads=2", "model.head_dim=8",
-        "model.mlp_dim=32", "batch_size=64", "tensorboard=false", "progress=false",
-        "device=cpu", "precision=fp32"]
 
 
 @pytest.fixture
@@ -67,7 +65,7 @@ def test_resume_uses_the_checkpoint_config_not_an_edited_config_json(tmp_path, c
     """config.json is the copy for people to read: editing it changes nothing (a note says so and
     it is rewritten); the run continues with the config saved in last.pt."""
     run_dir = tmp_path / "run"
-    assert main(["train", "--preset", "quick", "--epochs", "1", "--out", str(run_dir), *TINY]) == 0
+    assert main(["train", "--preset", "quick", "--epochs", "1", "--out", str(run_dir), *TINY, *QUIET]) == 0
     (run_dir / "summary.json").unlink()  # as if killed before the test of the best checkpoint
     original = json.loads((run_dir / "config.json").read_text())
     (run_dir / "config.json").write_text(json.dumps({**original, "epochs": 9, "lr": 5.0}))

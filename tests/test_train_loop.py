@@ -24,19 +24,10 @@ from attnconv.runs import RunDir
 from attnconv.train import loop
 from attnconv.train.config import TrainConfig, resolve_config
 from attnconv.train.loop import NonFiniteLossError, train
+from train_helpers import QUIET, TINY
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-TINY = [
-    "model.hidden=16",
-    "model.depth=1",
-    "model.heads=2",
-    "model.head_dim=8",
-    "model.mlp_dim=32",
-    "batch_size=64",
-]
-# float32 pinned: these runs are compared with float32 arithmetic, whatever "auto" picks here.
-QUIET = ["tensorboard=false", "progress=false", "device=cpu", "precision=fp32"]
 NO_DROPOUT = ["model.dropout=0", "model.attention_dropout=0"]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 

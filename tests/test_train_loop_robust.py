@@ -19,18 +19,10 @@ import torch.nn.functional as F
 from attnconv import cli
 from attnconv.data import load_splits
 from attnconv.models.checkpoint import build_model, load_checkpoint, save_checkpoint
+from train_helpers import QUIET, TINY
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-TINY = [
-    "model.hidden=16",
-    "model.depth=1",
-    "model.heads=2",
-    "model.head_dim=8",
-    "model.mlp_dim=32",
-    "batch_size=64",
-]
-QUIET = ["tensorboard=false", "progress=false", "device=cpu", "precision=fp32"]
 # 20 steps per epoch: last.pt is written at steps 7 and 14, at 20 (end of epoch 1, then best.pt),
 # at 21, 28 and 35, and at 40 (end of epoch 2, then best.pt if epoch 2 is the best): 7 times.
 RUN = ["--preset", "quick", "--epochs", "2", "checkpoint_steps=7", *TINY, *QUIET]
