@@ -148,21 +148,63 @@ def test_initialisation_follows_the_paper():
     assert iso.spread.std().item() == pytest.approx(0.01, rel=0.02)
     torch.testing.assert_close(full.spread.mean(0), torch.eye(2), atol=1e-3, rtol=0)
     assert (full.spread - torch.eye(2)).std().item() == pytest.approx(0.01, rel=0.02)
-    learned = LearnedScore(64, head_dim=50, max_size=100)
-    assert learned.row_embedding.shape == (199, 25) and learned.col_embedding.shape == (199, 25)
-    assert learned.weight.shape == (64, 50)
-    assert learned.row_embedding.std().item() == pytest.approx(0.02, rel=0.05)
-    assert learned.col_embedding.std().item() == pytest.approx(0.02, rel=0.05)
-    assert learned.weight.std().item() == pytest.approx(1 / math.sqrt(50), rel=0.05)
     # Odd head_dim: the column table takes the extra channel.
     odd = LearnedScore(2, head_dim=5, max_size=3)
     assert odd.row_embedding.shape == (5, 2) and odd.col_embedding.shape == (5, 3)
 
 
+def test_learned_score_starts_as_the_papers_code_by_default():
+    """Tables as nn.Embedding's default N(0, 1); row keys and column keys each as a bias-free
+    nn.Linear of fan-in d_row / d_col: U(±1/√fan_in), whose std is 1/√(3·fan_in)."""
+    torch.manual_seed(0)
+    learned = LearnedScore(400, head_dim=50, max_size=100)
+    assert learned.init == "original"
+    assert learned.row_embedding.shape == (199, 25) and learned.col_embedding.shape == (199, 25)
+    assert learned.weight.shape == (400, 50)
+    for table in (learned.row_embedding, learned.col_embedding):
+        assert table.mean().item() == pytest.approx(0.0, abs=0.03)
+        assert table.std().item() == pytest.approx(1.0, rel=0.03)
+    odd = LearnedScore(400, head_dim=51, max_size=3)  # d_row 25, d_col 26: bounds differ
+    for score in (learned, odd):
+        d_row = score.row_embedding.shape[1]
+        for keys in (score.weight[:, :d_row], score.weight[:, d_row:]):
+            bound = 1 / math.sqrt(keys.shape[1])
+            assert keys.abs().max().item() <= bound
+            assert keys.abs().max().item() > 0.99 * bound  # uniform fills the interval
+            assert keys.std().item() == pytest.approx(bound / math.sqrt(3), rel=0.03)
+    # So the logits start of order one (each axis term has variance d·1·1/(3d) = 1/3), not 0.05.
+    row, col = learned.offset_factors(14, 14)
+    assert (row.var() + col.var()).item() == pytest.approx(2 / 3, rel=0.15)
+
+
+def test_learned_score_bert_init_keeps_the_small_tables():
+    torch.manual_seed(0)
+    learned = LearnedScore(64, head_dim=50, max_size=100, init="bert")
+    assert learned.row_embedding.std().item() == pytest.approx(0.02, rel=0.05)
+    assert learned.col_embedding.std().item() == pytest.approx(0.02, rel=0.05)
+    assert learned.weight.std().item() == pytest.approx(1 / math.sqrt(50), rel=0.05)
+    row, col = learned.offset_factors(14, 14)
+    assert max(row.abs().max().item(), col.abs().max().item()) < 0.2
+    with pytest.raises(ValueError, match=r"init must be one of \('original', 'bert'\)"):
+        LearnedScore(2, head_dim=4, max_size=3, init="xavier")
+
+
+def test_learned_score_without_its_position_term_has_no_head_keys():
+    score = LearnedScore(3, head_dim=4, max_size=5, position_term=False)
+    assert score.weight is None and not score.position_term
+    assert [name for name, _ in score.named_parameters()] == ["row_embedding", "col_embedding"]
+    with pytest.raises(ValueError, match="no position-only term"):
+        score.factors(3, 3)
+    with pytest.raises(ValueError, match="needs positional='learned'"):
+        GaussianScore.for_layer(3, 4, 5, position_term=False)
+
+
 def test_a_seed_draws_the_same_layer_as_before_scores_were_modules():
     """Linears first, then the score (as before), and the score's parameters first in order."""
     torch.manual_seed(0)
-    layer = MultiHeadSelfAttention2d(4, 3, head_dim=2, positional="learned", content=True)
+    layer = MultiHeadSelfAttention2d(
+        4, 3, head_dim=2, positional="learned", content=True, positional_init="bert"
+    )
     torch.manual_seed(0)
     linears = [nn.Linear(4, 6), nn.Linear(4, 6), nn.Linear(4, 6), nn.Linear(6, 4)]
     tables = torch.randn(63, 1) * 0.02, torch.randn(63, 1) * 0.02, torch.randn(3, 2) / 2**0.5

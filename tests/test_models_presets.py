@@ -76,7 +76,8 @@ def test_architectures_of_the_paper_presets():
         "quadratic-generalized-pruned": ("gaussian_full", False, False, 9),
         "many-heads": ("gaussian", False, False, 16),
         "learned": ("learned", False, False, 9),
-        "learned-content": ("learned", True, True, 9),
+        # The paper's code as stored: w·r + q·k/√d (docs/theory.md §1, "Content models").
+        "learned-content": ("learned", True, False, 9),
     }
     for name, (positional, content, content_positional, heads) in expected.items():
         layer = create_model(name).attention_layers()[-1]
@@ -86,6 +87,7 @@ def test_architectures_of_the_paper_presets():
             content_positional,
             heads,
         ), name
+        assert layer.position_term, name
     for name in ("learned", "learned-content"):  # the 16×16 token grid of CIFAR fits
         assert create_model(name).attention_layers()[0].max_size >= 16
     normalize = quadratic.normalize
@@ -132,10 +134,15 @@ def test_fashion_presets_scale_the_paper_models_down_alike():
     learned = transformers["learned-fashion"].model_kwargs
     assert learned["positional"] == "learned" and not learned.get("content", False)
     content = transformers["learned-content-fashion"].model_kwargs
-    assert content["content"] and content["content_positional"] and content["head_dim"] == 16
+    assert content["content"] and not content.get("content_positional", False)
+    assert content["head_dim"] == 16
     resnet = PRESETS["resnet-fashion"]
     assert resnet.model == "resnet18" and resnet.recipe["schedule"] == "step"
     assert create_model("resnet-fashion")(torch.rand(2, 1, 28, 28)).shape == (2, 10)
+    # The CNN baseline is the attention models' size (within 20%), as the paper compared them.
+    sizes = {name: count_parameters(create_model(name)) for name in FASHION_PRESETS}
+    for name in transformers:
+        assert 0.8 < sizes["resnet-fashion"] / sizes[name] < 1.2, sizes
 
 
 def test_create_model_overrides():

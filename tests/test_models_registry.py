@@ -11,6 +11,7 @@ from torch import nn
 
 from attnconv.attention import PositionalScore
 from attnconv.models import PRESETS, ImageTransformer, ResNet, create_model, resnet18
+from attnconv.models.checkpoint import construct
 
 NUM_CLASSES = 7
 
@@ -95,16 +96,22 @@ class TestEveryPreset:
     def test_no_weight_decay_parameters(self, name):
         model = small_model(name)
         names = [n for n, _ in model.named_parameters()]
-        no_decay = model.no_weight_decay_parameters()
-        assert no_decay <= set(names)
+        original = model.no_weight_decay_parameters("original")
+        earlier = model.no_weight_decay_parameters("norms-biases-positional")
+        assert model.no_weight_decay_parameters() == original
         for param_name in names:
             leaf = param_name.rsplit(".", 1)[-1]
             module = model.get_submodule(param_name.rsplit(".", 1)[0])
+            # The paper's code: decay everything but the Gaussian centres and spreads.
+            geometry = isinstance(module, PositionalScore) and leaf in ("centers", "spread")
+            assert (param_name in original) == geometry, param_name
             exempt = (
                 leaf == "bias"
                 or isinstance(module, (nn.LayerNorm, nn.BatchNorm2d, PositionalScore))
             )
-            assert (param_name in no_decay) == exempt, param_name
+            assert (param_name in earlier) == exempt, param_name
+        with pytest.raises(ValueError, match="decay_exempt must be one of"):
+            model.no_weight_decay_parameters("all")
 
 
 # ---------------------------------------------------------------- ImageTransformer reference
@@ -269,7 +276,8 @@ def test_learned_grid_larger_than_max_size():
         ({"positional": "sinusoidal"}, "positional must be one of"),
         ({"in_channels": 1}, "one value per input channel"),
         ({"image_size": (32, 33)}, "not divisible"),
-        ({"init_std": 0.0}, "init_std"),
+        ({"weight_init": "xavier"}, "weight_init must be one of"),
+        ({"position_term": False, "positional": "learned"}, "needs content_positional=True"),
     ],
 )
 def test_bad_constructor_arguments(kwargs, match):
@@ -297,17 +305,54 @@ def test_normalisation_is_inside_the_model():
     assert not any("normalize" in n for n, _ in model.named_parameters())
 
 
-def test_bert_initialisation():
+def _linears(model: nn.Module) -> list[nn.Linear]:
+    return [module for module in model.modules() if isinstance(module, nn.Linear)]
+
+
+@pytest.mark.parametrize("preset", ["learned", "learned-content", "quadratic", "learned-fashion"])
+def test_paper_presets_start_as_the_papers_code(preset):
+    """PyTorch's defaults: every Linear weight and bias in U(±1/√fan_in) (std 1/√(3·fan_in)),
+    learned tables N(0, 1) — never BERT's N(0, 0.02²) — unless weight_init="bert" is asked."""
     torch.manual_seed(0)
-    model = ImageTransformer()
-    out = model.blocks[0].attention.out
+    model = create_model(preset, depth=1) if "fashion" not in preset else create_model(preset)
+    assert model.weight_init == "original"
+    for linear in _linears(model):
+        bound = 1 / math.sqrt(linear.in_features)
+        for tensor in (linear.weight, linear.bias):
+            assert tensor.abs().max().item() <= bound
+        if linear.weight.numel() >= 4000:
+            assert linear.weight.std().item() == pytest.approx(bound / math.sqrt(3), rel=0.05)
+    for layer in model.attention_layers():
+        if layer.positional == "learned":
+            for table in (layer.position.row_embedding, layer.position.col_embedding):
+                assert table.std().item() == pytest.approx(1.0, rel=0.1)
+        else:
+            assert layer.position.centers.std().item() == pytest.approx(2.0, rel=0.5)
+
+
+def test_bert_and_fan_in_initialisations_are_named_options():
+    torch.manual_seed(0)
+    bert = create_model("learned", depth=1, weight_init="bert")
+    out = bert.blocks[0].attention.out
     assert out.weight.std().item() == pytest.approx(0.02, rel=0.02)
     assert torch.count_nonzero(out.bias) == 0
+    position = bert.blocks[0].attention.position
+    assert position.row_embedding.std().item() == pytest.approx(0.02, rel=0.1)
     torch.manual_seed(0)
-    lecun = ImageTransformer(hidden=64, depth=1, mlp_dim=256, init_std=None)
+    lecun = ImageTransformer(hidden=64, depth=1, mlp_dim=256, weight_init="fan_in")
     assert lecun.blocks[0].mlp_out.weight.std().item() == pytest.approx(
         1 / math.sqrt(256), rel=0.05
     )
+    assert torch.count_nonzero(lecun.blocks[0].mlp_out.bias) == 0
+
+
+def test_arguments_of_earlier_versions_still_build():
+    """Checkpoints and shipped weights written before weight_init store init_std."""
+    for init_std, expected in ((0.02, "bert"), (None, "fan_in")):
+        model = construct(
+            "image_transformer", {"hidden": 8, "depth": 1, "mlp_dim": 8, "init_std": init_std}, "f"
+        )
+        assert model.weight_init == expected
 
 
 def test_transformer_parameter_count_matches_hand_formula():

@@ -98,7 +98,8 @@ def test_results_row_figures_and_table_of_a_real_run(tmp_path, quick_run):
         "grid_coverage": None,
         "attention_distance": None,
     }
-    files = reproduce.write_results([row, resnet_row], tmp_path, "a test machine")
+    references = reproduce.REFERENCES["fashion-mnist"]
+    files = reproduce.write_results([row, resnet_row], tmp_path, "a test machine", references)
     markdown = files[0].read_text().splitlines()
     assert markdown[0].startswith("| model | epochs | test acc. (%)")
     cells = [c.strip() for c in markdown[2].strip("|").split("|")]
@@ -109,6 +110,9 @@ def test_results_row_figures_and_table_of_a_real_run(tmp_path, quick_run):
     assert cells[10] == " / ".join(f"{c}/9" for c in covered)
     assert [c.strip() for c in markdown[3].strip("|").split("|")][8:] == ["-"] * 4
     assert markdown[-1] == "Trained on: a test machine"
+    listed = [line for line in markdown if line.startswith("- ")]
+    assert listed[0] == "- softmax (logistic) regression: 83–84% (the dataset's benchmark table)"
+    assert len(listed) == len(references) and markdown.index(listed[0]) > 3
     with files[1].open() as handle:
         rows = list(csv.DictReader(handle))
     assert rows[0]["preset"] == "quick" and float(rows[0]["test_acc"]) == summary["test_acc"]

@@ -272,3 +272,17 @@ def test_schedule_rejects_out_of_range_steps() -> None:
         schedule(10)
     with pytest.raises(ValueError, match="schedule kind"):
         LRSchedule("linear", 0.1, 10, 5, 0)
+
+
+def test_weight_decay_exempts_what_the_papers_code_exempted() -> None:
+    assert resolve_config("quadratic").decay_exempt == "original"
+    assert resolve_config("quadratic", overrides=["decay_exempt=norms-biases-positional"]) \
+        .decay_exempt == "norms-biases-positional"
+    with pytest.raises(UserError, match="unknown decay_exempt 'all'; valid: original, norms-"):
+        resolve_config("quadratic", overrides=["decay_exempt=all"])
+    # Configs saved before the setting existed ran with the earlier rule, and resume with it
+    # (so their optimizer's parameter groups still line up); new configs keep what they say.
+    saved = resolve_config("quick").to_dict()
+    assert TrainConfig.from_dict(saved).decay_exempt == "original"
+    del saved["decay_exempt"]
+    assert TrainConfig.from_dict(saved).decay_exempt == "norms-biases-positional"

@@ -36,6 +36,17 @@ EXPERIMENTS: dict[str, tuple[str, ...]] = {
         "resnet-fashion",
     ),
 }
+# Simple baselines a reviewer asks for beside the experiment's table: (model, test accuracy,
+# source). Not trained by attnconv; the figures are the sources' own.
+REFERENCES: dict[str, tuple[tuple[str, str, str], ...]] = {
+    "fashion-mnist": (
+        ("softmax (logistic) regression", "83–84%", "the dataset's benchmark table"),
+        ("human, the dataset's own estimate", "83.5%", "Xiao et al., 2017 (Fashion-MNIST)"),
+        ("multi-layer perceptron", "89–90%", "the dataset's benchmark table"),
+        ("CNN with 2 convolutional layers", "91–92.5%", "the dataset's benchmark table"),
+        ("ResNet-18 (full width, 11M parameters)", "94.9%", "the dataset's benchmark table"),
+    ),
+}
 # Test images over which the attention of models with content scores is averaged.
 AVERAGE_IMAGES = 64
 RESULT_COLUMNS: tuple[str, ...] = (
@@ -177,8 +188,11 @@ def _covered_taps(row: dict[str, Any]) -> str:
     return " / ".join(f"{round(c * taps)}/{taps}" for c in row["grid_coverage"])
 
 
-def format_results(rows: list[dict[str, Any]], machine: str) -> str:
-    """The results as a Markdown table, followed by a line naming the machine."""
+def format_results(
+    rows: list[dict[str, Any]], machine: str, references: tuple[tuple[str, str, str], ...] = ()
+) -> str:
+    """The results as a Markdown table, then the ``references`` (model, accuracy, source) as a
+    list of baselines trained elsewhere, then a line naming the machine."""
     from attnconv.viz.report import format_duration
 
     headers = [
@@ -212,13 +226,22 @@ def format_results(rows: list[dict[str, Any]], machine: str) -> str:
             _per_layer(row["attention_distance"], 2),
         ]
         lines.append("| " + " | ".join(cells) + " |")
+    if references:
+        lines += ["", "Reference points (test accuracy, not trained here):", ""]
+        lines += [f"- {model}: {accuracy} ({source})" for model, accuracy, source in references]
     return "\n".join(lines) + f"\n\nTrained on: {machine}\n"
 
 
-def write_results(rows: list[dict[str, Any]], out: Path, machine: str) -> list[Path]:
-    """``results.md`` and ``results.csv`` (per-layer values joined by spaces) in ``out``."""
+def write_results(
+    rows: list[dict[str, Any]],
+    out: Path,
+    machine: str,
+    references: tuple[tuple[str, str, str], ...] = (),
+) -> list[Path]:
+    """``results.md`` (with the ``references`` below the table) and ``results.csv`` (per-layer
+    values joined by spaces) in ``out``."""
     markdown = out / "results.md"
-    markdown.write_text(format_results(rows, machine))
+    markdown.write_text(format_results(rows, machine, references))
     table = out / "results.csv"
     with table.open("w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=list(RESULT_COLUMNS))
@@ -306,7 +329,7 @@ def run_experiment(
     for preset in presets:
         train_run(preset, experiment, out / preset, precision, data_dir)
     rows = [analyse_run(out / preset, out / "figures" / preset, data_dir) for preset in presets]
-    files = write_results(rows, out, machine_description("cpu"))
+    files = write_results(rows, out, machine_description("cpu"), REFERENCES.get(experiment, ()))
     print((out / "results.md").read_text())
     if export_weights is not None:
         from attnconv.data import load_splits

@@ -113,6 +113,17 @@ class MultiHeadSelfAttention2d(nn.Module):
             ``None``.
         content: add the content score ``(X_q W_qry)ᵀ(X_k W_key) / √head_dim``.
         content_positional: add ``(X_q W_qry)ᵀ r_δ / √head_dim``; needs ``positional="learned"``.
+        position_term: ``positional="learned"`` only: keep its position-only term ``w_hᵀ r_δ``
+            (default). ``False`` drops it (and the head vectors ``w_h``): the tables then enter
+            only through ``content_positional``, which must be on. The three content forms of
+            docs/theory.md §1 ("Content models"): the paper's code ``w·r + q·k/√d``
+            (``content=True``), its later variant ``q·r/√d + q·k/√d`` (``content=True,
+            content_positional=True, position_term=False``), all three terms (``content=True,
+            content_positional=True``).
+        positional_init: initialisation of a learned score, ``"original"`` (the paper's code:
+            tables ``N(0, 1)``, head keys ``U(±1/√fan_in)``) or ``"bert"`` (tables
+            ``N(0, 0.02²)``); see ``attention/positional.py``. Gaussian scores start as the paper
+            says under both.
         dropout: attention dropout probability on the probabilities (see module docstring).
         out_dim: channels of the output pixels; defaults to ``dim``.
         max_size: largest image side the learned embeddings cover (offsets ``±(max_size−1)``).
@@ -145,6 +156,8 @@ class MultiHeadSelfAttention2d(nn.Module):
         max_size: int = 32,
         hard: bool = False,
         impl: Literal["auto", "dense"] = "auto",
+        position_term: bool = True,
+        positional_init: str = "original",
     ) -> None:
         super().__init__()
         head_dim = dim if head_dim is None else head_dim
@@ -168,6 +181,11 @@ class MultiHeadSelfAttention2d(nn.Module):
                 f"content_positional=True needs positional='learned' (relative embeddings r_δ), "
                 f"got positional={positional!r}"
             )
+        if not position_term and not content_positional:
+            raise ValueError(
+                "position_term=False drops the learned score's only position-only term; it needs "
+                "content_positional=True, where the tables still enter the logits"
+            )
         if hard and (score is None or content):
             raise ValueError(
                 "hard=True is the s → ∞ limit of positional='gaussian' without content"
@@ -189,7 +207,9 @@ class MultiHeadSelfAttention2d(nn.Module):
         self.value = nn.Linear(dim, heads * head_dim) if head_dim != dim else None
         self.out = nn.Linear(heads * head_dim, out_dim)
         if score is not None:
-            self.position = score.for_layer(heads, head_dim, max_size, hard)
+            self.position = score.for_layer(
+                heads, head_dim, max_size, hard, init=positional_init, position_term=position_term
+            )
         self.register_load_state_dict_pre_hook(_rename_legacy_keys)
 
     def __getattr__(self, name: str) -> Tensor | nn.Module:
@@ -219,6 +239,12 @@ class MultiHeadSelfAttention2d(nn.Module):
         return None if self.position is None else self.position.name
 
     @property
+    def position_term(self) -> bool:
+        """True when the positional score adds its position-only term to the logits (every
+        positional score, except a learned one built with ``position_term=False``)."""
+        return self.position is not None and self.position.position_term
+
+    @property
     def hard(self) -> bool:
         """True for the ``s → ∞`` limit of the isotropic Gaussian score."""
         return self.position is not None and self.position.hard
@@ -239,9 +265,9 @@ class MultiHeadSelfAttention2d(nn.Module):
         return self.position_only and self.position.separable
 
     def reset_positional_parameters(self) -> None:
-        """Paper initialisation of the positional score (``position.reset_parameters``):
-        ``Δ ~ N(0, 2²)``, ``s = 1 + N(0, 0.01²)``, ``S = I + N(0, 0.01²)``, learned tables
-        ``N(0, 0.02²)``."""
+        """Initialise the positional score again (``position.reset_parameters``): ``Δ ~ N(0, 2²)``,
+        ``s = 1 + N(0, 0.01²)``, ``S = I + N(0, 0.01²)``; learned tables and keys as the layer's
+        ``positional_init`` says."""
         if self.position is not None:
             self.position.reset_parameters()
 
@@ -250,6 +276,7 @@ class MultiHeadSelfAttention2d(nn.Module):
             f"dim={self.dim}, heads={self.heads}, head_dim={self.head_dim}, "
             f"out_dim={self.out_dim}, positional={self.positional!r}, content={self.content}, "
             f"content_positional={self.content_positional}, dropout={self.dropout}"
+            + ("" if self.position is None or self.position_term else ", position_term=False")
         )
 
     # ------------------------------------------------------------------ validation
@@ -424,7 +451,7 @@ class MultiHeadSelfAttention2d(nn.Module):
         q = split_heads(self.query(x))  # (B, N, heads·d) -> (B, heads, N, d)
         k = split_heads(self.key(x)) if self.key is not None else None
         bias = None
-        if self.position is not None:
+        if self.position_term:
             bias = self.position.logits(height, width).to(q.dtype)  # (heads, N, N)
         if self.content_positional:
             cp = scores.content_positional_logits(

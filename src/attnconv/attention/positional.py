@@ -12,7 +12,8 @@ everything that depends on the kind of score:
   each head's attention over all offsets, as for an interior query (docs/theory.md §2, "The other
   direction");
 * ``covers(H, W)`` / ``check_size(H, W)``: whether the score is defined on an ``H×W`` image;
-* ``reset_parameters()``: the paper's initialisation; ``select_heads(index)``: keep some heads;
+* ``reset_parameters()``: the initialisation (``init``, see :data:`POSITIONAL_INITS`);
+  ``select_heads(index)``: keep some heads;
 * Gaussian scores (``has_centers``): ``centers`` and ``geometry()`` for head analysis.
 """
 
@@ -31,6 +32,26 @@ from attnconv.attention.scores import softmax_without_subnormals
 def _axis_offsets(n: int, like: Tensor) -> Tensor:
     """``(2n−1,)`` offsets ``−(n−1)..(n−1)`` along one axis, on ``like``'s device and dtype."""
     return torch.arange(-(n - 1), n, device=like.device, dtype=like.dtype)
+
+
+POSITIONAL_INITS: tuple[str, ...] = ("original", "bert")
+"""Initialisations of the learned score (docs/theory.md §4, "Initialisation"): ``"original"`` as
+the paper's code ran it (tables ``N(0, 1)``, each axis's head keys ``U(±1/√d_axis)``), ``"bert"``
+BERT's small tables (``N(0, 0.02²)``, head vectors ``N(0, 1/head_dim)``). Gaussian scores have one
+initialisation, the same under both names."""
+
+
+def _check_init(init: str) -> None:
+    if init not in POSITIONAL_INITS:
+        raise ValueError(f"positional init must be one of {POSITIONAL_INITS}, got {init!r}")
+
+
+def _refuse_without_term(score: type[PositionalScore], position_term: bool) -> None:
+    if not position_term:
+        raise ValueError(
+            f"position_term=False (tables without a position-only term) needs positional="
+            f"'learned', got positional={score.name!r}"
+        )
 
 
 def _refuse_hard(score: type[PositionalScore], hard: bool) -> None:
@@ -55,6 +76,9 @@ class PositionalScore(nn.Module):
     has_embeddings: ClassVar[bool] = False
     """Offers ``row_embedding`` / ``col_embedding``, the ``r_δ`` of the content × position score."""
     hard: bool = False
+    position_term: bool = True
+    """Whether the score adds a position-only term to the logits (only a learned score built with
+    ``position_term=False`` does not)."""
     max_size: int | None = None
     """Largest image side the score covers; ``None``: any size."""
 
@@ -64,10 +88,19 @@ class PositionalScore(nn.Module):
 
     @classmethod
     def for_layer(
-        cls, heads: int, head_dim: int, max_size: int, hard: bool = False
+        cls,
+        heads: int,
+        head_dim: int,
+        max_size: int,
+        hard: bool = False,
+        init: str = "original",
+        position_term: bool = True,
     ) -> PositionalScore:
-        """The score for a layer built with these arguments (each score takes what it needs)."""
+        """The score for a layer built with these arguments (each score takes what it needs;
+        ``init`` is one of :data:`POSITIONAL_INITS`)."""
+        _check_init(init)
         _refuse_hard(cls, hard)
+        _refuse_without_term(cls, position_term)
         return cls(heads)
 
     def reset_parameters(self) -> None:
@@ -203,8 +236,16 @@ class GaussianScore(_CenteredScore):
 
     @classmethod
     def for_layer(
-        cls, heads: int, head_dim: int, max_size: int, hard: bool = False
+        cls,
+        heads: int,
+        head_dim: int,
+        max_size: int,
+        hard: bool = False,
+        init: str = "original",
+        position_term: bool = True,
     ) -> GaussianScore:
+        _check_init(init)
+        _refuse_without_term(cls, position_term)
         return cls(heads, hard=hard)
 
     def extra_repr(self) -> str:
@@ -279,53 +320,106 @@ class LearnedScore(PositionalScore):
     Parameters: ``row_embedding (2·max_size−1, head_dim // 2)`` and ``col_embedding
     (2·max_size−1, head_dim − head_dim // 2)``, one vector per offset ``−(max_size−1)..max_size−1``
     shared by the heads (index ``max_size−1`` is offset 0), and ``weight (heads, head_dim)`` the
-    per-head vectors ``w_h``. Covers images up to ``max_size`` pixels a side. The tables are also
+    per-head vectors ``w_h``: its first ``head_dim // 2`` columns are the heads' row keys, the
+    rest their column keys. Covers images up to ``max_size`` pixels a side. The tables are also
     the ``r_δ`` of the content × position score (``scores.content_positional_logits``).
+
+    ``init`` (:data:`POSITIONAL_INITS`): ``"original"``, the paper's code (tables as
+    ``nn.Embedding``'s default ``N(0, 1)``, row and column keys as two bias-free ``nn.Linear``
+    of fan-in ``d_row`` and ``d_col``: ``U(±1/√d_row)``, ``U(±1/√d_col)``), or ``"bert"`` (tables
+    ``N(0, 0.02²)``, head vectors ``N(0, 1/head_dim)``). With ``"bert"`` the logits start within
+    about ±0.05 and, the score being bilinear, their gradients are as small: the heads stay near
+    uniform attention (docs/theory.md §4).
     """
 
     name = "learned"
     has_embeddings = True
 
-    def __init__(self, heads: int, head_dim: int, max_size: int) -> None:
+    def __init__(
+        self,
+        heads: int,
+        head_dim: int,
+        max_size: int,
+        init: str = "original",
+        position_term: bool = True,
+    ) -> None:
         if head_dim < 2:
             raise ValueError(f"positional='learned' needs head_dim >= 2, got {head_dim}")
+        _check_init(init)
         super().__init__(heads)
-        self.head_dim, self.max_size = head_dim, max_size
+        self.head_dim, self.max_size, self.init = head_dim, max_size, init
         d_row = head_dim // 2
         self.row_embedding = nn.Parameter(torch.empty(2 * max_size - 1, d_row))
         self.col_embedding = nn.Parameter(torch.empty(2 * max_size - 1, head_dim - d_row))
-        self.weight = nn.Parameter(torch.empty(heads, head_dim))
+        self.weight: nn.Parameter | None
+        if position_term:
+            self.weight = nn.Parameter(torch.empty(heads, head_dim))
+        else:
+            self.register_parameter("weight", None)
         self.reset_parameters()
 
     @classmethod
     def for_layer(
-        cls, heads: int, head_dim: int, max_size: int, hard: bool = False
+        cls,
+        heads: int,
+        head_dim: int,
+        max_size: int,
+        hard: bool = False,
+        init: str = "original",
+        position_term: bool = True,
     ) -> LearnedScore:
         _refuse_hard(cls, hard)
-        return cls(heads, head_dim, max_size)
+        return cls(heads, head_dim, max_size, init=init, position_term=position_term)
+
+    @property
+    def position_term(self) -> bool:
+        """Whether the score has its position-only term ``w_hᵀ r_δ`` (head vectors ``weight``);
+        without it the tables serve only as the ``r_δ`` of the content × position score."""
+        return self.weight is not None
 
     def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, head_dim={self.head_dim}, max_size={self.max_size}"
+        return (
+            f"{super().extra_repr()}, head_dim={self.head_dim}, max_size={self.max_size}, "
+            f"init={self.init!r}" + ("" if self.position_term else ", position_term=False")
+        )
 
     @torch.no_grad()
     def reset_parameters(self) -> None:
-        """Tables ``N(0, 0.02²)``, head vectors ``N(0, 1/head_dim)``."""
-        nn.init.normal_(self.row_embedding, std=0.02)
-        nn.init.normal_(self.col_embedding, std=0.02)
-        nn.init.normal_(self.weight, std=1.0 / math.sqrt(self.head_dim))
+        """Draw the tables and head vectors as ``init`` says (class docstring)."""
+        std = 0.02 if self.init == "bert" else 1.0
+        nn.init.normal_(self.row_embedding, std=std)
+        nn.init.normal_(self.col_embedding, std=std)
+        if self.weight is None:
+            return
+        if self.init == "bert":
+            nn.init.normal_(self.weight, std=1.0 / math.sqrt(self.head_dim))
+            return
+        d_row = self.row_embedding.shape[1]
+        for keys in (self.weight[:, :d_row], self.weight[:, d_row:]):
+            bound = 1.0 / math.sqrt(keys.shape[1])
+            nn.init.uniform_(keys, -bound, bound)
+
+    def _keys(self) -> Tensor:
+        if self.weight is None:
+            raise ValueError(
+                "this learned score has no position-only term (position_term=False): its tables "
+                "enter the logits only through the content × position score"
+            )
+        return self.weight
 
     @torch.no_grad()
     def select_heads(self, index: Tensor) -> None:
-        self.weight = nn.Parameter(self.weight[index].clone())
+        if self.weight is not None:
+            self.weight = nn.Parameter(self.weight[index].clone())
         self.heads = len(index)
 
     def factors(self, height: int, width: int) -> tuple[Tensor, Tensor]:
         return scores.learned_factors(
-            self.row_embedding, self.col_embedding, self.weight, height, width
+            self.row_embedding, self.col_embedding, self._keys(), height, width
         )
 
     def offset_factors(self, height: int, width: int) -> tuple[Tensor, Tensor]:
-        row, col = scores.learned_offset_tables(self.row_embedding, self.col_embedding, self.weight)
+        row, col = scores.learned_offset_tables(self.row_embedding, self.col_embedding, self._keys())
         middle = self.max_size - 1  # index of offset 0
         return (
             row[:, middle - (height - 1) : middle + height],

@@ -35,6 +35,7 @@ from torch import nn
 
 from attnconv.errors import UserError
 from attnconv.models.presets import MODELS, preset_arguments
+from attnconv.models.transformer import upgrade_arguments
 from attnconv.runs import write_atomic
 
 FORMAT = "attnconv-checkpoint"
@@ -209,13 +210,16 @@ def construct(
     """``MODELS[architecture](**arguments)``, freshly initialised (train mode, CPU).
 
     ``error`` (a one-line message naming ``source``, the file) if this attnconv has no such
-    architecture or the arguments do not build it.
+    architecture or the arguments do not build it. Arguments an earlier attnconv wrote are read
+    in today's terms first (``transformer.upgrade_arguments``).
     """
     if architecture not in MODELS:
         raise error(
             f"{source} holds a model of architecture {_printable(architecture, 40)!r}, which this "
             f"attnconv does not have (it has {', '.join(MODELS)})"
         )
+    if architecture == "image_transformer":
+        arguments = upgrade_arguments(arguments)
     try:
         return MODELS[architecture](**arguments)
     except (TypeError, ValueError) as err:

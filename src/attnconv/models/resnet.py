@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from attnconv.data.statistics import CIFAR10_MEAN, CIFAR10_STD
+from attnconv.models.decay import exempt_names
 from attnconv.models.normalize import Normalize, check_images
 
 
@@ -87,9 +88,11 @@ class ResNet(nn.Module):
         x = self.stages(x)
         return self.classifier(x.mean(dim=(2, 3)))
 
-    def no_weight_decay_parameters(self) -> set[str]:
-        """Names of parameters trained without weight decay: batch-norm scales/shifts and biases."""
-        return {name for name, param in self.named_parameters() if param.ndim <= 1}
+    def no_weight_decay_parameters(self, rule: str = "original") -> set[str]:
+        """Names of parameters trained without weight decay under ``rule`` (``models/decay.py``):
+        none under ``"original"`` (the paper's code decays every ResNet parameter), batch-norm
+        scales/shifts and biases under ``"norms-biases-positional"``."""
+        return exempt_names(self, rule, positional=set(), geometry=set())
 
 
 def resnet18(num_classes: int = 10, **kwargs) -> ResNet:

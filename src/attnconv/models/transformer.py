@@ -11,7 +11,8 @@ images (B, C, H, W) in [0, 1]
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -19,10 +20,35 @@ from torch import nn
 
 from attnconv.attention import POSITIONAL_SCORES, MultiHeadSelfAttention2d, PositionalScore
 from attnconv.data.statistics import CIFAR10_MEAN, CIFAR10_STD
+from attnconv.models.decay import exempt_names
 from attnconv.models.normalize import Normalize, check_images
 
 LAYER_NORM_EPS = 1e-12
 POSITIONAL = (*POSITIONAL_SCORES, None)
+WEIGHT_INITS: tuple[str, ...] = ("original", "bert", "fan_in")
+"""How an :class:`ImageTransformer` starts (docs/theory.md §4, "Initialisation"):
+
+* ``"original"``: as the paper's code ran (its image model never applies BERT's initialisation):
+  PyTorch's defaults, every ``Linear`` weight and bias ``U(±1/√fan_in)``, learned tables
+  ``N(0, 1)``, their head keys ``U(±1/√fan_in)`` per axis;
+* ``"bert"``: BERT's, every ``Linear`` weight ``N(0, 0.02²)`` with zero biases, learned tables
+  ``N(0, 0.02²)``;
+* ``"fan_in"``: every ``Linear`` weight ``N(0, 1/fan_in)`` with zero biases, learned tables as
+  ``"bert"`` (attnconv's earlier choice for its small presets).
+
+Gaussian centres and spreads start as the paper says under all three; LayerNorms at scale 1,
+shift 0."""
+_POSITIONAL_INIT = {"original": "original", "bert": "bert", "fan_in": "bert"}
+
+
+def upgrade_arguments(arguments: Mapping[str, Any]) -> dict[str, Any]:
+    """Constructor arguments saved by an earlier attnconv, in today's terms: ``init_std`` (a
+    float: BERT's normal initialisation, ``None``: ``N(0, 1/fan_in)``) becomes ``weight_init``.
+    Only the start of training depended on it; saved weights load the same."""
+    arguments = dict(arguments)
+    if "init_std" in arguments:
+        arguments["weight_init"] = "fan_in" if arguments.pop("init_std") is None else "bert"
+    return arguments
 
 
 class TransformerBlock(nn.Module):
@@ -40,6 +66,8 @@ class TransformerBlock(nn.Module):
         max_size: int,
         dropout: float,
         attention_dropout: float,
+        position_term: bool,
+        positional_init: str,
     ) -> None:
         super().__init__()
         self.attention = MultiHeadSelfAttention2d(
@@ -51,6 +79,8 @@ class TransformerBlock(nn.Module):
             content_positional=content_positional,
             dropout=attention_dropout,
             max_size=max_size,
+            position_term=position_term,
+            positional_init=positional_init,
         )
         self.attention_dense = nn.Linear(hidden, hidden)
         self.attention_norm = nn.LayerNorm(hidden, eps=LAYER_NORM_EPS)
@@ -89,14 +119,14 @@ class ImageTransformer(nn.Module):
         heads: heads per layer, an int or one int per layer (pruned models).
         head_dim: per-head width; ``None`` means ``hidden`` (no value projection, as in the paper).
         mlp_dim: feed-forward width.
-        positional, content, content_positional, max_size: the attention's scores, see
-            :class:`attnconv.MultiHeadSelfAttention2d`; ``max_size`` bounds the token grid for
-            ``"learned"``.
+        positional, content, content_positional, position_term, max_size: the attention's
+            scores, see :class:`attnconv.MultiHeadSelfAttention2d`; ``max_size`` bounds the token
+            grid for ``"learned"``.
         dropout: dropout after the attention dense and after the feed-forward.
         attention_dropout: dropout on the attention probabilities.
-        init_std: standard deviation of the normal initialisation of every Linear weight
-            (biases start at zero). ``0.02`` is BERT's (the paper's); ``None`` uses
-            ``1/√fan_in`` per layer, which trains small models much faster.
+        weight_init: how the weights start, one of :data:`WEIGHT_INITS`: ``"original"`` (the
+            paper's code: PyTorch's defaults, learned tables ``N(0, 1)``), ``"bert"``
+            (``N(0, 0.02²)``) or ``"fan_in"`` (``N(0, 1/fan_in)``).
     """
 
     def __init__(
@@ -118,7 +148,8 @@ class ImageTransformer(nn.Module):
         max_size: int = 32,
         dropout: float = 0.1,
         attention_dropout: float = 0.1,
-        init_std: float | None = 0.02,
+        weight_init: str = "original",
+        position_term: bool = True,
     ) -> None:
         super().__init__()
         for name, value in (
@@ -132,8 +163,8 @@ class ImageTransformer(nn.Module):
         ):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
-        if init_std is not None and not init_std > 0:
-            raise ValueError(f"init_std must be positive or None, got {init_std!r}")
+        if weight_init not in WEIGHT_INITS:
+            raise ValueError(f"weight_init must be one of {WEIGHT_INITS}, got {weight_init!r}")
         if positional not in POSITIONAL:
             raise ValueError(f"positional must be one of {POSITIONAL}, got {positional!r}")
         heads_per_layer = [heads] * depth if isinstance(heads, int) else list(heads)
@@ -165,19 +196,24 @@ class ImageTransformer(nn.Module):
                 max_size,
                 dropout,
                 attention_dropout,
+                position_term,
+                _POSITIONAL_INIT[weight_init],
             )
             for layer_heads in heads_per_layer
         )
         self.token_grid(*self.image_size)  # the attention layers say which grids they cover
         self.classifier = nn.Linear(hidden, num_classes)
-        self._init_weights(init_std)
+        self.weight_init = weight_init
+        self._init_weights()
 
-    def _init_weights(self, init_std: float | None) -> None:
-        """Every Linear: weights ``N(0, init_std²)`` (or ``N(0, 1/fan_in)``), zero biases. The
-        attention layers' positional parameters keep their own (paper) initialisation."""
+    def _init_weights(self) -> None:
+        """Every Linear as ``weight_init`` says (``"original"``: left at PyTorch's defaults). The
+        positional scores were drawn by the attention layers (``positional_init``)."""
+        if self.weight_init == "original":
+            return
         for module in self.modules():
             if isinstance(module, nn.Linear):
-                std = module.in_features**-0.5 if init_std is None else init_std
+                std = 0.02 if self.weight_init == "bert" else module.in_features**-0.5
                 nn.init.normal_(module.weight, std=std)
                 nn.init.zeros_(module.bias)
 
@@ -229,17 +265,16 @@ class ImageTransformer(nn.Module):
         logits = self.classifier(x.mean(dim=(1, 2)))
         return (logits, attentions) if return_attention else logits
 
-    def no_weight_decay_parameters(self) -> set[str]:
-        """Names of parameters trained without weight decay: the attention's positional scores
-        (geometry and embeddings), LayerNorm scales/shifts and biases."""
-        positional = {
+    def no_weight_decay_parameters(self, rule: str = "original") -> set[str]:
+        """Names of parameters trained without weight decay under ``rule`` (``models/decay.py``):
+        ``"original"``, the Gaussian centres and spreads only; ``"norms-biases-positional"``,
+        every positional parameter, LayerNorm scales/shifts and biases."""
+        scores = [module for module in self.modules() if isinstance(module, PositionalScore)]
+        positional = {id(param) for score in scores for param in score.parameters()}
+        geometry = {
             id(param)
-            for module in self.modules()
-            if isinstance(module, PositionalScore)
-            for param in module.parameters()
+            for score in scores
+            if score.has_centers
+            for param in (score.centers, score.spread)
         }
-        return {
-            name
-            for name, param in self.named_parameters()
-            if param.ndim <= 1 or id(param) in positional
-        }
+        return exempt_names(self, rule, positional, geometry)

@@ -28,6 +28,7 @@ from typing import Any
 
 from attnconv.errors import UserError
 from attnconv.hardware import PRECISIONS
+from attnconv.models.decay import DECAY_EXEMPTIONS
 from attnconv.models.presets import MODELS, PRESETS, model_arguments
 from attnconv.train.schedule import SCHEDULES
 
@@ -50,7 +51,10 @@ class TrainConfig:
     rate by 10 (only for that schedule); ``pad``: the random-crop padding in pixels, ``None`` for
     ``⌈H / 8⌉`` (4 for CIFAR's 32×32 as in the paper, 1 for the 8×8 digits); ``val_size`` a count
     of images (int) or a fraction of the training set (float), ``None`` for the dataset's default;
-    ``grad_clip`` the largest gradient norm (``None``: no clipping); ``progress``: a progress bar
+    ``grad_clip`` the largest gradient norm (``None``: no clipping); ``decay_exempt`` which
+    parameters train without weight decay (``attnconv.models.decay``: ``"original"``, the paper's
+    code, exempts only the Gaussian centres and spreads; configs saved before this setting
+    existed resume with ``"norms-biases-positional"``, the rule they ran with); ``progress``: a progress bar
     on stderr when it is a terminal (elsewhere, e.g. a log file, only the line per epoch);
     ``precision`` ``auto`` (bfloat16 autocast where the device computes in bfloat16 natively, else
     float32; see ``attnconv.hardware``), ``fp32`` or ``bf16``. A run replaces ``auto`` by the
@@ -67,6 +71,7 @@ class TrainConfig:
     lr: float = 0.1
     momentum: float = 0.9
     weight_decay: float = 1e-4
+    decay_exempt: str = "original"
     schedule: str = "cosine"
     warmup_fraction: float = 0.05
     milestones: tuple[int, ...] = ()
@@ -107,14 +112,15 @@ class TrainConfig:
             values["milestones"] = milestones
         if values.get("dataset") in EMBEDDED_DATASETS:
             values["data_dir"] = None
+        values.setdefault("decay_exempt", "norms-biases-positional")
         return resolve_config(preset, **values)
 
 
 CONFIG_KEYS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(TrainConfig) if f.name != "model")
 # Keys a preset's recipe may set: how to train, not where or on what.
 RECIPE_KEYS: tuple[str, ...] = (
-    "epochs", "batch_size", "lr", "momentum", "weight_decay", "schedule", "warmup_fraction",
-    "milestones", "grad_clip", "pad", "val_size",
+    "epochs", "batch_size", "lr", "momentum", "weight_decay", "decay_exempt", "schedule",
+    "warmup_fraction", "milestones", "grad_clip", "pad", "val_size",
 )
 _HINTS = typing.get_type_hints(TrainConfig)
 
@@ -256,6 +262,8 @@ def check_config(config: TrainConfig) -> None:
     need(config.lr > 0, f"lr must be > 0, got {config.lr}")
     need(0 <= config.momentum < 1, f"momentum must be in [0, 1), got {config.momentum}")
     need(config.weight_decay >= 0, f"weight_decay must be >= 0, got {config.weight_decay}")
+    need(config.decay_exempt in DECAY_EXEMPTIONS,
+         f"unknown decay_exempt {config.decay_exempt!r}; valid: {', '.join(DECAY_EXEMPTIONS)}")
     need(config.schedule in SCHEDULES,
          f"unknown schedule {config.schedule!r}; valid schedules: {', '.join(SCHEDULES)}")
     need(0 <= config.warmup_fraction < 1,

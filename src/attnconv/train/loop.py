@@ -393,7 +393,7 @@ class Trainer:
         return model, architecture, {**arguments, "heads": list(summary.heads)}
 
     def _build_optimizer(self) -> torch.optim.SGD:
-        no_decay = self.model.no_weight_decay_parameters()
+        no_decay = self.model.no_weight_decay_parameters(self.config.decay_exempt)
         named = list(self.model.named_parameters())
         groups = [
             {
