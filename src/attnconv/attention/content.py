@@ -80,9 +80,9 @@ def content_attention(
         dropout: probability of dropping each attention weight (0 outside training).
     Returns:
         ``out (B, heads, N, dv)`` and ``probs (B, heads, N, N)``, the attention before dropout;
-        both carry gradients. Both are in the compute dtype: autocast's dtype for matrix products
-        where autocast is on, else the inputs' common dtype, computed in float32 where the device
-        would emulate it (``attnconv.hardware.compute_dtype``).
+        both carry gradients. Both are in the compute dtype: the inputs' common dtype, or where
+        autocast is on (and that is not float64) autocast's dtype for matrix products; float32
+        where the device would emulate it (``attnconv.hardware.compute_dtype``).
     """
     if (query is None) != (key is None) or (row is None) != (col is None):
         raise ValueError("content_attention needs query with key and row with col")
@@ -91,10 +91,9 @@ def content_attention(
     batch, _, n, _ = value.shape
     heads = (row if query is None else query).shape[1]
     device_type = value.device.type
-    if torch.is_autocast_enabled(device_type):
+    dtype = torch.promote_types(value.dtype, (row if query is None else query).dtype)
+    if torch.is_autocast_enabled(device_type) and dtype != torch.float64:
         dtype = torch.get_autocast_dtype(device_type)  # what autocast gives matrix products
-    else:
-        dtype = torch.promote_types(value.dtype, (row if query is None else query).dtype)
     dtype = compute_dtype(dtype, value.device)
     with torch.autocast(device_type, enabled=False):
         parts, indicators = [], None
@@ -196,6 +195,8 @@ class _FoldedAttention(torch.autograd.Function):
                 d_weights *= noise
             if d_probs is not None:
                 d_weights += d_probs
+        # softmax's own backward, P ∘ (dP − Σ_k dP ∘ P) in one pass (the same from public
+        # operations took 3× as long)
         d_logits = torch._softmax_backward_data(d_weights, probs, -1, probs.dtype)
         del d_weights
         if need_queries:
