@@ -24,29 +24,50 @@ Precision: float32 always (the ceiling target is for float32), plus the precisio
 for this machine when that is bfloat16, or ``--precision bf16`` to force it (it warns where the
 CPU has no native bfloat16).
 
+Then the content model (``--content-preset``, default ``learned-content-fashion``, in each form of
+``CONTENT_FORMS``), in float32 and in bfloat16 whatever the machine: the layer's folded kernel
+(``attention/content.py``) against the path it replaced (``scaled_dot_product_attention`` with the
+positional logits as mask, ``sdpa_content.py``), alternating, best of ``--content-rounds``, with
+the ratio. Target: bfloat16 ≥ 1.8× the old path, float32 never slower. The line above the table
+says whether bfloat16 is native here; where it is not, both paths compute their attention in
+float32 and the bfloat16 rows mostly time the emulated Linear layers.
+
     python benchmarks/train.py                                  # every preset, 1+2 steps each
     python benchmarks/train.py --presets quadratic --batch-size 20 --steps 1   # quick look
+    python benchmarks/train.py --presets --steps 3              # only the content model
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 import time
+from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from attnconv.hardware import PRECISIONS, machine_description, resolve_precision
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from attnconv.hardware import PRECISIONS, machine_description, native_bf16, resolve_precision
 from attnconv.memory import reuse_freed_memory
 from attnconv.models import count_parameters, create_model
 from attnconv.train.loop import autocast
+from sdpa_content import use_sdpa_content
 
 PAPER_PRESETS = ("quadratic", "quadratic-generalized", "many-heads", "learned", "learned-content",
                  "resnet18")
 TARGET = {"quadratic": 0.75}  # fraction of the float32 GEMM ceiling a training step reaches
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+CONTENT_PRESETS = ("learned-content-fashion", "learned-content")
+CONTENT_FORMS: dict[str, dict[str, Any]] = {
+    "w·r + q·k/√d": {"content_positional": False},
+    "w·r + q·r/√d + q·k/√d": {"content_positional": True},
+}
+"""The content model's forms timed (name: overrides of the preset): the sum of terms each computes."""
+CONTENT_TARGET = {"bf16": 1.8, "fp32": 1.0}  # folded kernel / old path, training images/s
 
 
 def gemm_flops_per_second(size: int, dtype: torch.dtype, device: torch.device,
@@ -91,7 +112,7 @@ def conv_flops_per_second(size: int, dtype: torch.dtype, device: torch.device,
 def training_flops_per_image(preset: str, device: torch.device, batch: int = 2) -> float:
     """FLOPs of one training step (forward + backward) per image, counted as executed."""
     model = fresh_model(preset).to(device).train()
-    images = torch.rand(batch, 3, 32, 32, device=device)
+    images = torch.rand(batch, model.in_channels, *model.image_size, device=device)
     labels = torch.zeros(batch, dtype=torch.long, device=device)
     with FlopCounterMode(display=False) as counter:
         F.cross_entropy(model(images), labels).backward()
@@ -104,7 +125,8 @@ def images_per_second(model: nn.Module, batch_size: int, steps: int, warmup: int
     model.to(device).train()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=1e-4)
     generator = torch.Generator().manual_seed(0)
-    images = torch.rand(batch_size, 3, 32, 32, generator=generator).to(device)
+    shape = (batch_size, model.in_channels, *model.image_size)
+    images = torch.rand(shape, generator=generator).to(device)
     labels = torch.randint(0, 10, (batch_size,), generator=generator).to(device)
 
     def step() -> None:
@@ -126,47 +148,56 @@ def images_per_second(model: nn.Module, batch_size: int, steps: int, warmup: int
     return steps * batch_size / (time.perf_counter() - started)
 
 
-def fresh_model(preset: str) -> nn.Module:
+def fresh_model(preset: str, **overrides: Any) -> nn.Module:
     torch.manual_seed(0)
-    return create_model(preset)
+    return create_model(preset, **overrides)
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--presets", nargs="+", default=list(PAPER_PRESETS), choices=PAPER_PRESETS)
-    parser.add_argument("--batch-size", type=int, default=100)
-    parser.add_argument("--steps", type=int, default=2, help="timed steps per measurement")
-    parser.add_argument("--warmup", type=int, default=1, help="untimed steps before timing")
-    parser.add_argument("--precision", choices=PRECISIONS, default="auto",
-                        help="the precision measured next to float32 (auto: bf16 where native)")
-    parser.add_argument("--gemm-size", type=int, default=2048,
-                        help="side of the square matrix product that measures the ceiling")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    args = parser.parse_args(argv)
-    for name in ("batch_size", "steps", "gemm_size"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    device = torch.device(args.device)
-    precisions = ["fp32"]
-    other = resolve_precision(args.precision, device)
-    if other != "fp32":
-        precisions.append(other)
+def content_comparison(preset: str, batch_size: int, steps: int, warmup: int, rounds: int,
+                       device: torch.device) -> None:
+    """Print the content model's training images/s, old path and folded kernel, per form and
+    precision, with the ratio and whether it meets ``CONTENT_TARGET``."""
+    native, why = native_bf16(device)
+    print(f"\ncontent model {preset}: folded kernel (attention/content.py) vs the old path "
+          f"(scaled_dot_product_attention, positional logits as mask), training img/s, best of "
+          f"{rounds} alternating rounds")
+    print(f"bfloat16 is {'native' if native else 'NOT native'} here ({why})"
+          + ("" if native else "; the folded kernel then computes in float32, as the old path "
+             "always does, and bfloat16 autocast only slows the Linear layers"))
+    header = f"{'form':<24}{'precision':>10}{'old img/s':>12}{'folded img/s':>14}{'ratio':>8}"
+    print(header + "\n" + "-" * len(header))
+    for form, overrides in CONTENT_FORMS.items():
+        for precision in ("fp32", "bf16"):
+            old, folded = fresh_model(preset, **overrides), fresh_model(preset, **overrides)
+            if use_sdpa_content(old) == 0:
+                raise ValueError(f"preset {preset!r} has no content layers")
+            rates = {"old": 0.0, "folded": 0.0}
+            for _ in range(rounds):
+                for name, model in (("old", old), ("folded", folded)):
+                    rate = images_per_second(model, batch_size, steps, warmup, precision, device)
+                    rates[name] = max(rates[name], rate)
+            ratio = rates["folded"] / rates["old"]
+            verdict = "met" if ratio >= CONTENT_TARGET[precision] else "NOT met"
+            print(f"{form:<24}{precision:>10}{rates['old']:>12.2f}{rates['folded']:>14.2f}"
+                  f"{ratio:>7.2f}x  target >= {CONTENT_TARGET[precision]}x: {verdict}", flush=True)
 
-    print(machine_description(device))
-    print(f"batch {args.batch_size}, {args.warmup} warm-up + {args.steps} timed steps")
-    ceiling_before = {p: gemm_flops_per_second(args.gemm_size, DTYPES[p], device)
+
+def preset_table(presets: list[str], precisions: list[str], batch_size: int, steps: int,
+                 warmup: int, gemm_size: int, device: torch.device) -> None:
+    """Print the GEMM ceiling and each preset's training images/s and fraction of it."""
+    ceiling_before = {p: gemm_flops_per_second(gemm_size, DTYPES[p], device)
                       for p in precisions}
     default_allocator = None
     if device.type == "cpu":
-        first = args.presets[0]
+        first = presets[0]
         default_allocator = (first, images_per_second(
-            fresh_model(first), args.batch_size, args.steps, args.warmup, "fp32", device))
+            fresh_model(first), batch_size, steps, warmup, "fp32", device))
         reuse_freed_memory()
-    ceiling = {p: max(ceiling_before[p], gemm_flops_per_second(args.gemm_size, DTYPES[p], device))
+    ceiling = {p: max(ceiling_before[p], gemm_flops_per_second(gemm_size, DTYPES[p], device))
                for p in precisions}
     print("GEMM ceiling (" + ", ".join(
-        f"{p} {ceiling[p] / 1e9:.0f} GFLOP/s" for p in precisions) + f"), {args.gemm_size}^3")
-    conv_rate = conv_flops_per_second(args.gemm_size, torch.float32, device)
+        f"{p} {ceiling[p] / 1e9:.0f} GFLOP/s" for p in precisions) + f"), {gemm_size}^3")
+    conv_rate = conv_flops_per_second(gemm_size, torch.float32, device)
     print(f"The same product as a 1x1 convolution: fp32 {conv_rate / 1e9:.0f} GFLOP/s "
           f"({conv_rate / ceiling['fp32']:.2f}x the GEMM ceiling; where it is above 1, the "
           f"convolution library reaches more of the machine than the matrix-product one, and "
@@ -178,14 +209,14 @@ def main(argv: list[str] | None = None) -> None:
     if len(precisions) == 2:
         header += f"{precisions[1] + '/fp32':>11}"
     print(header + "\n" + "-" * len(header))
-    for preset in args.presets:
+    for preset in presets:
         flops = training_flops_per_image(preset, device)
         params = count_parameters(fresh_model(preset)) / 1e6
         line = f"{preset:<24}{params:>8.2f}M{flops / 1e9:>11.2f}"
         rates = {}
         for p in precisions:
-            rates[p] = images_per_second(fresh_model(preset), args.batch_size, args.steps,
-                                         args.warmup, p, device)
+            rates[p] = images_per_second(fresh_model(preset), batch_size, steps,
+                                         warmup, p, device)
             line += f"{rates[p]:>13.2f}{rates[p] * flops / ceiling[p]:>10.0%} "
         if len(precisions) == 2:
             line += f"{rates[precisions[1]] / rates['fp32']:>10.2f}x"
@@ -199,6 +230,42 @@ def main(argv: list[str] | None = None) -> None:
             print(f"  target: {preset} in fp32 at >= {TARGET[preset]:.0%} of the fp32 GEMM "
                   f"ceiling: {fraction:.0%}, {'met' if fraction >= TARGET[preset] else 'NOT met'}")
 
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--presets", nargs="*", default=list(PAPER_PRESETS), choices=PAPER_PRESETS,
+                        help="presets of the table (none: only the content model)")
+    parser.add_argument("--content-preset", choices=CONTENT_PRESETS, default=CONTENT_PRESETS[0])
+    parser.add_argument("--content-rounds", type=int, default=2,
+                        help="alternating rounds of the content comparison (best counts)")
+    parser.add_argument("--batch-size", type=int, default=100)
+    parser.add_argument("--steps", type=int, default=2, help="timed steps per measurement")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed steps before timing")
+    parser.add_argument("--precision", choices=PRECISIONS, default="auto",
+                        help="the precision measured next to float32 (auto: bf16 where native)")
+    parser.add_argument("--gemm-size", type=int, default=2048,
+                        help="side of the square matrix product that measures the ceiling")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    args = parser.parse_args(argv)
+    for name in ("batch_size", "steps", "gemm_size", "content_rounds"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    device = torch.device(args.device)
+    precisions = ["fp32"]
+    other = resolve_precision(args.precision, device)
+    if other != "fp32":
+        precisions.append(other)
+
+    print(machine_description(device))
+    print(f"batch {args.batch_size}, {args.warmup} warm-up + {args.steps} timed steps")
+    if args.presets:
+        preset_table(args.presets, precisions, args.batch_size, args.steps, args.warmup,
+                     args.gemm_size, device)
+    elif device.type == "cpu":
+        reuse_freed_memory()
+    content_comparison(args.content_preset, args.batch_size, args.steps, args.warmup,
+                       args.content_rounds, device)
 
 if __name__ == "__main__":
     main()

@@ -69,3 +69,36 @@ def reference_forward(layer: MultiHeadSelfAttention2d, x: Tensor) -> tuple[Tenso
     concat = per_head.transpose(1, 2).reshape(batch, n, -1)
     out = concat @ layer.out.weight.T + layer.out.bias
     return out.view(batch, height, width, -1), probs
+
+
+# ---------------------------------------------------------------- comparing with it
+
+
+def randomize(layer: MultiHeadSelfAttention2d, generator: torch.Generator) -> None:
+    """Random parameters that give non-trivial attention (not just the near-uniform init)."""
+
+    def rand(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=generator, dtype=torch.float64)
+
+    with torch.no_grad():
+        for name, p in layer.named_parameters():
+            if name == "position.centers":
+                p.copy_(2.0 * rand(*p.shape))
+            elif name == "position.spread" and p.dim() == 1:
+                p.copy_(0.4 + torch.rand(p.shape, generator=generator, dtype=torch.float64))
+            elif name == "position.spread":
+                p.copy_(torch.eye(2, dtype=torch.float64) * 0.8 + 0.3 * rand(*p.shape))
+            else:
+                p.copy_(
+                    rand(*p.shape) * (0.8 if "embedding" in name else 1.0 / math.sqrt(p.shape[-1]))
+                )
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor, floor: float = 1e-300) -> float:
+    """Largest absolute difference relative to the largest magnitude of ``b`` (at least ``floor``)."""
+    return ((a - b).abs().max() / b.abs().max().clamp_min(floor)).item()
+
+
+def grad_floor(grads: dict[str, torch.Tensor]) -> float:
+    """Scale for gradients that vanish in exact arithmetic (e.g. the key bias): 10% of the largest."""
+    return 0.1 * max(g.abs().max().item() for g in grads.values())

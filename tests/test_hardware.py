@@ -86,3 +86,21 @@ def test_machine_description_names_features_threads_and_choice(monkeypatch) -> N
     assert line.startswith("CPU AMD EPYC 7B13 (AVX2 yes, AVX-512 no, AVX512-BF16 no, AMX-BF16 no)")
     assert f"{torch.get_num_threads()} threads" in line and f"torch {torch.__version__}" in line
     assert line.endswith("device cpu, auto precision fp32")
+
+
+@pytest.mark.parametrize(
+    ("features", "dtype", "expected"),
+    [
+        (ZEN3, torch.bfloat16, torch.float32),  # emulated: float32 is faster
+        (ZEN5, torch.bfloat16, torch.bfloat16),
+        (SAPPHIRE_RAPIDS, torch.bfloat16, torch.bfloat16),
+        (ZEN5, torch.float16, torch.float32),  # half on a CPU: float32
+        (ZEN3, torch.float32, torch.float32),
+        (ZEN3, torch.float64, torch.float64),
+    ],
+)
+def test_compute_dtype_runs_reduced_precision_only_where_native(
+    monkeypatch, features, dtype, expected
+) -> None:
+    fake_cpu(monkeypatch, features)
+    assert hardware.compute_dtype(dtype, CPU) == expected

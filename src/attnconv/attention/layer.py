@@ -12,8 +12,10 @@ Execution paths, all exact (tested against ``impl="dense"``, the plain per-image
   either (``attention/separable.py``); see ``use_fused_route``.
 * position-only, not separable (``gaussian_full``): ``P^h (N×N)`` is built once per forward and
   applied to the whole batch as one matrix product.
-* with content scores: per-image scores through ``scaled_dot_product_attention`` with the
-  positional logits as an additive bias.
+* with content scores: per-image ``(B, heads, N, N)`` logits from one batched product
+  (``attention/content.py``): a positional term shared by the batch is added as one
+  ``(heads, N, N)`` bias; the per-image content × position term (with the positional one) is
+  folded into the queries and keys.
 
 Attention dropout (probability ``dropout``) acts on the probabilities. With content scores it is the
 usual independent mask per image, head and entry. Position-only probabilities are the same for
@@ -35,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnconv.attention import scores
+from attnconv.attention import content, scores
 from attnconv.attention.positional import Positional, PositionalScore, positional_score_class
 from attnconv.attention.separable import separable_attention_project
 from attnconv.errors import warn_deprecated
@@ -461,24 +463,39 @@ class MultiHeadSelfAttention2d(nn.Module):
         return q, k, bias
 
     def _forward_content(self, x: Tensor, return_attention: bool) -> tuple[Tensor, Tensor | None]:
+        """Content scores through ``attention/content.py``: per-image separable terms folded into
+        the product, a positional term shared by the batch added as a bias."""
         batch, height, width, _ = x.shape
         n = height * width
-        q, k, bias = self._content_logits(x)
-        v = self._values(x).flatten(2, 3)  # (B, heads|1, N, d)
-        v = v.expand(batch, self.heads, n, self.head_dim)  # (B, heads, N, d)
-        if return_attention or k is None:
-            probs = self._content_probs(q, k, bias)
-            applied = (
-                F.dropout(probs, self.dropout, self.training) if self._dropout_active else probs
-            )
-            y = applied @ v
-        else:
-            probs = None
-            y = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=bias, dropout_p=self.dropout if self._dropout_active else 0.0
-            )
-        y = y.view(batch, self.heads, height, width, self.head_dim)  # (B, heads, H, W, d)
-        return self._project_out(y), probs
+
+        def split_heads(t: Tensor) -> Tensor:
+            return t.view(batch, n, self.heads, self.head_dim).transpose(1, 2)  # (B, heads, N, d)
+
+        q = split_heads(self.query(x)) / math.sqrt(self.head_dim)  # (B, heads, N, d)
+        k = split_heads(self.key(x)) if self.key is not None else None
+        row = col = bias = None
+        if self.content_positional:
+            # Per image: folded into the product, together with the positional term.
+            row, col = scores.content_positional_factors(
+                q, self.position.row_embedding, self.position.col_embedding, height, width
+            )  # (B, heads, N, H), (B, heads, N, W): q · r_δ / √d by key row and column
+            by_row, by_col = content.per_query(*self.position.factors(height, width))
+            row, col = row + by_row, col + by_col  # + w · r_δ (learned: separable)
+        elif self.position is not None:
+            # The same for every image: added as one (heads, N, N) bias, cheaper here than a
+            # product H + W wider.
+            bias = self.position.logits(height, width)  # (heads, N, N)
+        y, probs = content.content_attention(
+            q if k is not None else None,
+            k,
+            self._values(x).flatten(2, 3),  # (B, heads|1, N, d)
+            row,
+            col,
+            bias,
+            self.dropout if self._dropout_active else 0.0,
+        )
+        y = y.view(batch, self.heads, height, width, -1)  # (B, heads, H, W, d)
+        return self._project_out(y), probs if return_attention else None
 
     def _content_probs(self, q: Tensor, k: Tensor | None, bias: Tensor | None) -> Tensor:
         """Explicit ``(B, heads, N, N)`` probabilities from content and positional logits."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
+from torch.utils.flop_counter import FlopCounterMode
 
 from attnconv.models.modes import evaluating
 
@@ -14,15 +14,6 @@ def count_parameters(model: nn.Module) -> int:
     return sum(param.numel() for param in model.parameters())
 
 
-def _cpu_attention_flops(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs):
-    """FLOPs of PyTorch's CPU fused attention kernel: ``QKᵀ`` and ``PV`` products (as for the
-    GPU kernels that ``FlopCounterMode`` already knows)."""
-    return sdpa_flop_count(query_shape, key_shape, value_shape)
-
-
-_EXTRA_FORMULAS = {torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _cpu_attention_flops}
-
-
 def count_macs(model: nn.Module, image_size: tuple[int, int] | None = None) -> int:
     """Multiply-adds of one forward pass on one image, as this implementation executes it.
 
@@ -30,7 +21,9 @@ def count_macs(model: nn.Module, image_size: tuple[int, int] | None = None) -> i
     mode for a batch of one image ``(1, model.in_channels, H, W)``, ``(H, W) = image_size`` or
     ``model.image_size``. Elementwise work (softmax, norms, activations) is not counted. For
     position-only attention the count is that of the fast path: ``heads·N·(H+W)·d`` for the
-    separable scores (isotropic Gaussian, learned), ``heads·N²·d`` for ``gaussian_full``.
+    separable scores (isotropic Gaussian, learned), ``heads·N²·d`` for ``gaussian_full``. With
+    content scores: ``heads·N²·d`` for the logits and as many for the weighted sum, the logits'
+    product ``H + W`` wider where content × position is folded into it (``attention/content.py``).
     """
     height, width = model.image_size if image_size is None else image_size
     device = next(model.parameters()).device
@@ -38,7 +31,7 @@ def count_macs(model: nn.Module, image_size: tuple[int, int] | None = None) -> i
     with (
         evaluating(model),
         torch.no_grad(),
-        FlopCounterMode(display=False, custom_mapping=_EXTRA_FORMULAS) as counter,
+        FlopCounterMode(display=False) as counter,
     ):
         model(images)
     return counter.get_total_flops() // 2

@@ -1,0 +1,54 @@
+"""The benchmarks' old content path computes the same function as the layer."""
+
+import pytest
+import torch
+
+from attnconv import MultiHeadSelfAttention2d
+from sdpa_content import sdpa_forward_content, use_sdpa_content
+
+FORMS = [
+    {"positional": "learned", "content": True},
+    {"positional": "learned", "content": True, "content_positional": True},
+    {"positional": "learned", "content_positional": True},
+    {"positional": "gaussian_full", "content": True},
+    {"positional": None, "content": True},
+]
+
+
+@pytest.mark.parametrize(
+    "kwargs", FORMS, ids=lambda kw: "-".join(f"{k}={v}" for k, v in kw.items())
+)
+def test_old_path_matches_layer_forward_and_gradients(kwargs: dict) -> None:
+    torch.manual_seed(0)
+    layer = MultiHeadSelfAttention2d(8, 3, head_dim=4, max_size=6, **kwargs).double()
+    with torch.no_grad():  # attention far from uniform
+        for param in layer.parameters():
+            param.mul_(4.0)
+    x = torch.randn(2, 5, 6, 8, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(2, 5, 6, 8, dtype=torch.float64)
+    results = []
+    for forward in (layer._forward_content, lambda x, r: sdpa_forward_content(layer, x, r)):
+        y, _ = forward(x, False)
+        grads = torch.autograd.grad((y * weight).sum(), [x, *layer.parameters()])
+        _, probs = forward(x, True)
+        results.append((y, probs, grads))
+    (y, probs, grads), (y_old, probs_old, grads_old) = results
+    torch.testing.assert_close(y_old, y, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(probs_old, probs, rtol=1e-10, atol=1e-12)
+    assert probs.shape == (2, 3, 30, 30)
+    for got, expected in zip(grads_old, grads, strict=True):
+        torch.testing.assert_close(got, expected, rtol=1e-9, atol=1e-12)
+
+
+def test_use_sdpa_content_replaces_only_content_layers() -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        MultiHeadSelfAttention2d(8, 2, positional="learned", content=True, max_size=4),
+        MultiHeadSelfAttention2d(8, 2, positional="gaussian"),
+    )
+    x = torch.randn(3, 4, 4, 8)
+    expected = model(x)
+    assert use_sdpa_content(model) == 1
+    assert model[0]._forward_content.func is sdpa_forward_content
+    assert "_forward_content" not in vars(model[1])
+    torch.testing.assert_close(model(x), expected, atol=1e-6, rtol=1e-5)
