@@ -113,6 +113,12 @@ FORMS = {
     "w·r + q·k/√d": {"positional": "learned", "content": True},
     "three terms": {"positional": "learned", "content": True, "content_positional": True},
     "q·r/√d only": {"positional": "learned", "content_positional": True},
+    "q·r/√d + q·k/√d (later original)": {
+        "positional": "learned",
+        "content": True,
+        "content_positional": True,
+        "position_term": False,
+    },
     "gaussian + content": {"positional": "gaussian", "content": True},
     "gaussian_full + content": {"positional": "gaussian_full", "content": True},
 }

@@ -479,9 +479,10 @@ class MultiHeadSelfAttention2d(nn.Module):
             row, col = scores.content_positional_factors(
                 q, self.position.row_embedding, self.position.col_embedding, height, width
             )  # (B, heads, N, H), (B, heads, N, W): q · r_δ / √d by key row and column
-            by_row, by_col = content.per_query(*self.position.factors(height, width))
-            row, col = row + by_row, col + by_col  # + w · r_δ (learned: separable)
-        elif self.position is not None:
+            if self.position_term:
+                by_row, by_col = content.per_query(*self.position.factors(height, width))
+                row, col = row + by_row, col + by_col  # + w · r_δ (learned: separable)
+        elif self.position_term:
             # The same for every image: added as one (heads, N, N) bias, cheaper here than a
             # product H + W wider.
             bias = self.position.logits(height, width)  # (heads, N, N)
