@@ -180,3 +180,25 @@ def test_eval_on_malformed_files_is_one_line_naming_the_file(
     assert "Traceback" not in err and err.count("\n") == 1, err
     assert err.startswith(f"attnconv eval: error: {folder / 't10k-images-idx3-ubyte.gz'}: "), err
     assert message in err, err
+
+
+def test_a_download_killed_midway_leaves_no_part_file_behind(tmp_path, served):
+    """A killed download leaves its ``.NAME.XXXX.part`` file; the next download into the folder
+    removes it, but not the one a running download still writes (it holds its lock)."""
+    import fcntl
+    import os
+
+    folder = tmp_path / "data" / "fashion-mnist"
+    folder.mkdir(parents=True)
+    killed = folder / ".train-images-idx3-ubyte.gz.k1ll3d.part"
+    killed.write_bytes(b"the first half of a download")
+    running = folder / ".t10k-images-idx3-ubyte.gz.runn1n.part"
+    running.write_bytes(b"a download in progress")
+    fd = os.open(running, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        train, _, _ = load_fashion_mnist(tmp_path / "data", download=True)
+    finally:
+        os.close(fd)
+    assert np.array_equal(train.images[:, 0].numpy(), served["train-images-idx3-ubyte"])
+    assert sorted(p.name for p in folder.iterdir()) == sorted([*fashion_mnist.MD5S, running.name])
