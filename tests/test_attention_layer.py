@@ -381,6 +381,24 @@ def test_bad_inputs_name_what_was_expected():
         layer([[1.0]])
 
 
+@pytest.mark.parametrize("head_dim", [None, 4])
+@pytest.mark.parametrize("impl", ["auto", "dense"])
+@pytest.mark.parametrize("training", [False, True], ids=["eval", "train"])
+@pytest.mark.parametrize("config", CONFIGS, ids=str)
+def test_an_empty_batch_gives_an_empty_output_on_every_path(config, training, impl, head_dim):
+    """As torch's layers do: no image in, no image out (and a gradient of the same shape)."""
+    layer = make_layer(config, 6, 3, head_dim, seed=0, dropout=0.1, out_dim=5).float()
+    layer.impl = impl
+    layer.train(training)
+    x = torch.randn(0, 4, 5, 6, requires_grad=True)
+    y, probs = layer(x, return_attention=True)
+    assert y.shape == (0, 4, 5, 5) and y.dtype == torch.float32
+    assert probs.shape == (0, 3, 20, 20)
+    assert layer(x).shape == (0, 4, 5, 5)
+    y.sum().backward()
+    assert x.grad.shape == (0, 4, 5, 6)
+
+
 @pytest.mark.parametrize("config", CONFIGS, ids=str)
 def test_non_finite_input_gives_non_finite_output(config):
     layer = make_layer(config, 4, 2, None, seed=1).float()

@@ -11,7 +11,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from attnconv import cli, conv_to_attention, convert_model
-from attnconv.convert import AttentionConv, check, conversion_summary, format_summary
+from attnconv.convert import (
+    AttentionConv,
+    ConversionError,
+    check,
+    conversion_summary,
+    format_summary,
+    layers_left,
+)
 from attnconv.models.resnet import resnet18
 
 
@@ -140,6 +147,51 @@ def test_convert_model_edge_cases():
     assert isinstance(converted[0], AttentionConv)
     with torch.no_grad():
         assert rel(converted(x), reflect(x)) <= 1e-12
+
+
+def sgd_outputs(net: nn.Module, x: torch.Tensor, steps: int) -> torch.Tensor:
+    """``net(x)`` after ``steps`` SGD steps (lr 0.1) on the loss ``mean(net(x)²)``."""
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+    for _ in range(steps):
+        optimizer.zero_grad()
+        net(x).pow(2).mean().backward()
+        optimizer.step()
+    with torch.no_grad():
+        return net(x)
+
+
+def test_a_convolution_used_twice_stays_one_module_and_trains_like_the_original():
+    torch.manual_seed(0)
+    conv = nn.Conv2d(3, 3, 3, padding=1)
+    net = nn.Sequential(conv, nn.Tanh(), conv)
+    converted = convert_model(net)
+    assert isinstance(converted[0], AttentionConv) and converted[2] is converted[0]
+    trained = [p for p in converted.parameters() if p.requires_grad]  # geometry is frozen
+    assert [p.shape for p in trained] == [conv.weight.shape, conv.bias.shape]
+    assert [r.name for r in conversion_summary(converted)] == ["0"]
+    x = torch.randn(2, 3, 6, 7)
+    with torch.no_grad():
+        assert rel(converted(x), net(x)) <= 1e-6
+    trained = sgd_outputs(converted, x, steps=3)
+    reference = sgd_outputs(net, x, steps=3)
+    assert (trained - reference).abs().max().item() <= 1e-5
+    assert (reference - net[0](x)).abs().max().item() > 1e-2  # the steps did change the weights
+
+
+def test_convolutions_sharing_a_weight_are_left_in_place_with_the_reason():
+    first, second = nn.Conv2d(3, 3, 3, padding=1), nn.Conv2d(3, 3, 3, padding=1)
+    second.weight = first.weight
+    net = nn.Sequential(first, nn.Tanh(), second, nn.Conv2d(3, 2, 1))
+    converted = convert_model(net)
+    assert converted[0].weight is converted[2].weight  # still one parameter
+    assert isinstance(converted[3], AttentionConv)
+    untie = "(converting it alone would untie them)"
+    assert [(r.name, r.reason) for r in layers_left(converted)] == [
+        ("0", f"its weight is also a parameter of 2 {untie}"),
+        ("2", f"its weight is also a parameter of 0 {untie}"),
+    ]
+    with pytest.raises(ConversionError, match=r"0 \(Conv2d\): its weight is also a parameter of 2"):
+        convert_model(net, strict=True)
 
 
 # ---------------------------------------------------------------- command line

@@ -142,3 +142,63 @@ def test_missing_files_without_download(tmp_path, monkeypatch):
     monkeypatch.setattr(fashion_mnist, "SYSTEM_DIR", tmp_path / "not-installed")
     with pytest.raises(FileNotFoundError, match=r"download is off.*dataset-fashion-mnist"):
         load_fashion_mnist(tmp_path, download=False)
+
+
+def gz_idx(path, array=None, raw=None):
+    """Write ``array`` (or the ``raw`` bytes) gzipped as the idx file ``path``."""
+    path.write_bytes(gzip.compress(idx_bytes(array) if raw is None else raw))
+
+
+@pytest.mark.parametrize(
+    ("test_images", "message"),
+    [
+        (b"\x00\x00\x08\x03\x00\x00", "truncated idx header: 6 bytes, expected 16 (the magic"),
+        (
+            bytes([0, 0, 8, 3]) + struct.pack(">III", 2**31, 2**31, 4),
+            "header says shape (2147483648, 2147483648, 4), 18446744073709551616 values, but 0 "
+            "bytes follow it",
+        ),
+        (idx_bytes(np.zeros((0, 28, 28))), "holds no images: an empty split"),
+    ],
+    ids=["6-byte header", "overflowing sizes", "empty test split"],
+)
+def test_eval_on_malformed_files_is_one_line_naming_the_file(
+    tmp_path, capsys, test_images, message
+):
+    from attnconv import cli
+
+    folder = tmp_path / "fashion-mnist"
+    folder.mkdir()
+    # more training images than the 5000 the validation split takes
+    gz_idx(folder / "train-images-idx3-ubyte.gz", np.zeros((5010, 28, 28)))
+    gz_idx(folder / "train-labels-idx1-ubyte.gz", np.arange(5010) % 10)
+    gz_idx(folder / "t10k-images-idx3-ubyte.gz", raw=test_images)
+    gz_idx(folder / "t10k-labels-idx1-ubyte.gz", np.zeros(0))
+    argv = ["eval", "--pretrained", "quadratic-fashion", "--data-dir", str(tmp_path)]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.count("\n") == 1, err
+    assert err.startswith(f"attnconv eval: error: {folder / 't10k-images-idx3-ubyte.gz'}: "), err
+    assert message in err, err
+
+
+def test_a_download_killed_midway_leaves_no_part_file_behind(tmp_path, served):
+    """A killed download leaves its ``.NAME.XXXX.part`` file; the next download into the folder
+    removes it, but not the one a running download still writes (it holds its lock)."""
+    import fcntl
+    import os
+
+    folder = tmp_path / "data" / "fashion-mnist"
+    folder.mkdir(parents=True)
+    killed = folder / ".train-images-idx3-ubyte.gz.k1ll3d.part"
+    killed.write_bytes(b"the first half of a download")
+    running = folder / ".t10k-images-idx3-ubyte.gz.runn1n.part"
+    running.write_bytes(b"a download in progress")
+    fd = os.open(running, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        train, _, _ = load_fashion_mnist(tmp_path / "data", download=True)
+    finally:
+        os.close(fd)
+    assert np.array_equal(train.images[:, 0].numpy(), served["train-images-idx3-ubyte"])
+    assert sorted(p.name for p in folder.iterdir()) == sorted([*fashion_mnist.MD5S, running.name])

@@ -110,6 +110,38 @@ def test_weights_that_do_not_fit_the_arguments(tmp_path):
         load_pretrained("tiny", tmp_path)
 
 
+RANDOM_BYTES = bytes(torch.randint(0, 256, (64,), generator=torch.Generator().manual_seed(0)))
+
+
+@pytest.mark.parametrize(
+    ("index", "message"),
+    [
+        (RANDOM_BYTES, "is corrupted: not UTF-8 JSON ('utf-8' codec can't decode byte 0x"),
+        (b"\xff\xfe[]", "is corrupted: not UTF-8 JSON ('utf-8' codec can't decode byte 0xff"),
+        (b'{"name": "tiny"}', "is corrupted: not a JSON list of model entries (an object)"),
+        (b"[1]", "is corrupted: entry 1 is not a JSON object (a number)"),
+        (b'[{"name": "tiny"}]', "entry 1 (tiny) lacks description, dataset, architecture"),
+        (("architecture", ["x"]), "entry 1 (tiny) has a malformed architecture (an array, "),
+        (("test_accuracy", "x"), "entry 1 (tiny) has a malformed test_accuracy (a string, "),
+    ],
+    ids=["random bytes", "not UTF-8", "an object", "a number", "fields missing", "array", "str"],
+)
+def test_a_broken_index_is_one_line_naming_it(tmp_path, index, message):
+    export_quick(tmp_path)
+    path = tmp_path / INDEX_NAME
+    if isinstance(index, tuple):  # (field, value): the entry export_quick wrote, changed
+        entries = json.loads(path.read_text())
+        entries[0][index[0]] = index[1]
+        index = json.dumps(entries).encode()
+    path.write_bytes(index)
+    for read in (lambda: pretrained_models(tmp_path), lambda: load_pretrained("tiny", tmp_path)):
+        with pytest.raises(PretrainedError) as caught:
+            read()
+        text = str(caught.value)
+        assert text.startswith(f"the pretrained index {path} ") and "\n" not in text, text
+        assert message in text and text.endswith("; reinstall attnconv"), text
+
+
 def test_create_model_pretrained_names_what_is_shipped():
     with pytest.raises(PretrainedError, match="no pretrained weights for 'quadratic'; shipped: "):
         create_model("quadratic", pretrained=True)

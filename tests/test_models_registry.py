@@ -70,6 +70,15 @@ class TestEveryPreset:
         # One image alone gives the same logits as inside the batch (no cross-image mixing).
         torch.testing.assert_close(model(x[1:2]), first[1:2], rtol=1e-4, atol=1e-5)
 
+    @pytest.mark.parametrize("training", [False, True], ids=["eval", "train"])
+    def test_an_empty_batch_gives_empty_logits(self, name, training):
+        model = small_model(name).train(training)
+        images = images_for(model, batch=0).requires_grad_()
+        logits = model(images)
+        assert logits.shape == (0, NUM_CLASSES) and logits.dtype == torch.float32
+        logits.sum().backward()
+        assert images.grad.shape == images.shape
+
     def test_non_default_image_size(self, name):
         torch.manual_seed(0)
         model = small_model(name).eval()

@@ -123,6 +123,10 @@ def test_python_values_are_type_checked() -> None:
     ("grad_clip=0", "grad_clip must be > 0"),
     ("device=tpu", "device must be auto, cpu, cuda or cuda:N"),
     ("checkpoint_every=-1", "checkpoint_every must be >= 0"),
+    ("seed=-1", r"seed must be an integer in \[0, 2\*\*63\), got -1"),
+    ("seed=1180591620717411303424",
+     r"seed must be an integer in \[0, 2\*\*63\), got 1180591620717411303424"),
+    ("seed=9223372036854775808", r"seed must be an integer in \[0, 2\*\*63\)"),
     ("init=x.pt", "--init is only for presets that fine-tune"),
     ("bogus=1", "unknown config key 'bogus'; valid keys: preset, dataset"),
     ("model.bogus=1", "unknown model key 'model.bogus' for preset 'quick'; valid "
@@ -134,6 +138,18 @@ def test_python_values_are_type_checked() -> None:
 def test_bad_values_are_named(override: str, message: str) -> None:
     with pytest.raises(UserError, match=message):  # what the command line prints as one line
         resolve_config("quick", overrides=[override])
+
+
+def test_the_largest_seed_draws_a_validation_split_and_batches() -> None:
+    from attnconv.data import BatchLoader, load_splits
+
+    seed = resolve_config("quick", overrides=[f"seed={2**63 - 1}"]).seed
+    splits = load_splits("digits", seed=seed)
+    other = load_splits("digits", seed=seed - 1)
+    assert len(splits.val) == len(other.val) and not splits.val.labels.equal(other.val.labels)
+    loader = BatchLoader(splits.train, 8, device="cpu", train=True, flip=True, pad=1, seed=seed)
+    images, labels = next(loader.epoch(0))
+    assert images.shape == (8, 1, 8, 8) and labels.shape == (8,)
 
 
 def test_unknown_preset_lists_the_valid_ones() -> None:

@@ -438,3 +438,230 @@ def test_downloads_get_the_mode_of_a_plain_open(tmp_path: Path, http_root) -> No
     finally:
         os.umask(mask)
     assert path.stat().st_mode & 0o777 == 0o644
+
+
+# ---------------------------------------------------------------------------- 7. found from outside
+
+QUICK = ["--preset", "quick", "--epochs", "2", *TINY, *QUIET]
+
+
+@pytest.fixture
+def at_epoch_start(monkeypatch):
+    """``at_epoch_start(epoch, action)``: run ``action(trainer)`` when (0-based) ``epoch`` of
+    ``attnconv train`` is about to start training."""
+    from attnconv.train.loop import Trainer
+
+    def install(epoch: int, action) -> None:
+        real = Trainer._train_epoch
+
+        def train_epoch(self):
+            if self.epoch == epoch:
+                action(self)
+            return real(self)
+
+        monkeypatch.setattr(Trainer, "_train_epoch", train_epoch)
+
+    return install
+
+
+def test_a_run_folder_deleted_mid_run_stops_the_run_without_making_it_again(
+    tmp_path: Path, at_epoch_start, capsys
+) -> None:
+    run_dir = tmp_path / "run"
+    at_epoch_start(1, lambda trainer: shutil.rmtree(run_dir))
+    assert cli.main(["train", "--out", str(run_dir), *QUICK, "tensorboard=true"]) == 2
+    assert one_line_error(capsys.readouterr().err) == (
+        f"attnconv train: error: run folder {run_dir} was deleted while this run was writing it "
+        f"({run_dir / '.lock'} is gone); the run stopped without writing to it again\n"
+    )
+    assert not run_dir.exists()
+
+
+def test_a_run_folder_taken_over_by_another_writer_is_left_to_it(
+    tmp_path: Path, at_epoch_start, capsys
+) -> None:
+    """The folder is deleted and made again by a second ``train --resume`` (its lock held here by
+    ``locked_run``): the first run stops before it writes over the second one's files."""
+    from contextlib import ExitStack
+
+    from attnconv.runs import locked_run
+
+    run_dir = tmp_path / "run"
+    with ExitStack() as second:
+
+        def take_over(trainer) -> None:
+            shutil.rmtree(run_dir)
+            second.enter_context(locked_run(run_dir))
+
+        at_epoch_start(1, take_over)
+        assert cli.main(["train", "--out", str(run_dir), *QUICK]) == 2
+        err = one_line_error(capsys.readouterr().err)
+        assert err.startswith(
+            f"attnconv train: error: run folder {run_dir} was replaced while this run was writing "
+            f"it: its .lock is now held by process {os.getpid()} on "
+        ), err
+        assert err.endswith("; the run stopped without writing to it again\n"), err
+        assert sorted(p.name for p in run_dir.rglob("*")) == [".lock", "checkpoints"]
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("model.hidden=0", "hidden must be a positive int, got 0"),
+        ("model.heads=0", "heads must be a positive int or a list of 2 positive ints"),
+        ("model.dropout=2.0", "dropout probability has to be between 0 and 1, but got 2.0"),
+        ("model.positional=bogus", "positional must be one of "),
+        ("model.stem=3", "image size 8x8 is not divisible by the stem width 3"),
+        ("model.head_dim=-4", "head_dim must be >= 1, got -4"),
+    ],
+)
+def test_bad_model_values_are_one_line_naming_the_value(
+    tmp_path: Path, capsys, override: str, message: str
+) -> None:
+    run_dir = tmp_path / "run"
+    argv = ["train", "--out", str(run_dir), "--preset", "quick", override, *QUIET]
+    assert cli.main(argv) == 2
+    err = one_line_error(capsys.readouterr().err)
+    assert err.startswith(
+        f"attnconv train: error: {override}: the 'quick' model cannot be built on digits with it ("
+    ), err
+    assert message in err, err
+    assert not (run_dir / "checkpoints" / "last.pt").exists()
+
+
+def test_a_full_disk_before_the_first_checkpoint_advises_starting_again(
+    tmp_path: Path, monkeypatch, capsys
+) -> None:
+    """Nothing to ``--resume`` yet: the advice is to run the command again."""
+    import errno
+
+    from attnconv.train import loop
+
+    def full(checkpoint, path) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+
+    monkeypatch.setattr(loop, "save_checkpoint", full)
+    run_dir = tmp_path / "run"
+    argv = ["train", "--out", str(run_dir), *QUICK, "checkpoint_steps=7"]
+    assert cli.main(argv) == 2
+    assert one_line_error(capsys.readouterr().err) == (
+        f"attnconv train: error: cannot write {run_dir / 'checkpoints' / 'last.pt'}: no space "
+        f"left on the device (ENOSPC); no checkpoint was saved yet. Free space, then start the run "
+        f"again with the same command (there is nothing to resume)\n"
+    )
+    monkeypatch.undo()
+    assert cli.main(argv) == 0  # the same command, once there is space
+    assert load_checkpoint(run_dir / "checkpoints" / "last.pt")["epoch"] == 2
+
+
+def interrupt(trainer) -> None:
+    raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize("epoch", [0, 1])
+def test_ctrl_c_is_one_line_saying_how_to_go_on(
+    tmp_path: Path, at_epoch_start, monkeypatch, capsys, epoch: int
+) -> None:
+    run_dir = tmp_path / "run"
+    at_epoch_start(epoch, interrupt)
+    try:
+        code = cli.main(["train", "--out", str(run_dir), *QUICK])
+    except KeyboardInterrupt:
+        pytest.fail("Ctrl-C escaped attnconv train as a traceback")
+    assert code == 130
+    last = run_dir / "checkpoints" / "last.pt"
+    advice = (
+        f"the last checkpoint is {last} (step 20): continue with: attnconv train --resume {run_dir}"
+        if epoch
+        else "no checkpoint was saved yet: start the run again with the same command"
+    )
+    assert one_line_error(capsys.readouterr().err) == f"attnconv train: interrupted; {advice}\n"
+    if epoch:
+        monkeypatch.undo()
+        assert cli.main(["train", "--resume", str(run_dir)]) == 0
+        assert load_checkpoint(last)["epoch"] == 2
+
+
+def negative_epoch(checkpoint: dict) -> None:
+    checkpoint["epoch"] = -1
+
+
+def nan_weight(checkpoint: dict) -> None:
+    checkpoint["model"]["blocks.0.attention.position.centers"][0, 0] = float("nan")
+
+
+def huge_hidden(checkpoint: dict) -> None:
+    checkpoint["arguments"]["hidden"] = 200_000  # 320 GB, more than the process may map
+
+
+def large_hidden(checkpoint: dict) -> None:
+    checkpoint["arguments"]["hidden"] = 5_000  # 100 MB for each Linear: the OS would lend it
+
+
+@pytest.fixture
+def bounded_memory():
+    """The process may map at most 3 GiB more than it does now (while the test runs): an attempt
+    to allocate a huge model fails at once instead of paging the machine."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    with open("/proc/self/status") as status:
+        mapped = next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmSize:"))
+    resource.setrlimit(resource.RLIMIT_AS, (mapped + (3 << 30), hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+
+
+@pytest.mark.usefixtures("bounded_memory")
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (negative_epoch, "has epoch=-1; expected a count >= 0"),
+        (
+            nan_weight,
+            "weight blocks.0.attention.position.centers holds NaN or infinite values",
+        ),
+        (
+            huge_hidden,
+            "its arguments describe a model far larger than its {held:,} bytes of weights "
+            "(building it would allocate more memory than this machine can give)",
+        ),
+        (
+            large_hidden,
+            "its arguments describe a model far larger than its {held:,} bytes of weights "
+            "(building it would allocate more than {limit:,} bytes)",
+        ),
+    ],
+)
+def test_checkpoint_fields_out_of_range_are_one_line_in_every_command(
+    finished: Path, tmp_path: Path, capsys, change, message: str
+) -> None:
+    from attnconv.models.checkpoint import CONSTRUCTION_SLACK
+
+    weights = load_checkpoint(finished / "checkpoints" / "best.pt")["model"].values()
+    held = sum(t.numel() * t.element_size() for t in weights)
+    message = message.format(held=held, limit=2 * held + CONSTRUCTION_SLACK)
+    test_checkpoints_whose_fields_do_not_fit_are_one_line_in_every_command(
+        finished, tmp_path, capsys, change, message
+    )
+
+
+def test_a_resumed_step_that_does_not_fit_its_epoch_is_refused(
+    finished: Path, tmp_path: Path, capsys
+) -> None:
+    run_dir = altered(finished, tmp_path / "run", lambda c: c.update(step=10**12))
+    assert cli.main(["train", "--resume", str(run_dir)]) == 2
+    assert one_line_error(capsys.readouterr().err) == (
+        f"attnconv train: error: checkpoint {run_dir / 'checkpoints' / 'last.pt'} cannot be "
+        f"resumed: its step 1000000000000 does not fit its epoch 1 (20 steps per epoch: expected "
+        f"step 20); the file was edited or damaged\n"
+    )
+
+
+def test_a_seed_beyond_64_bits_is_one_line(capsys) -> None:
+    assert cli.main(["train", *QUICK, "seed=1180591620717411303424"]) == 2
+    assert one_line_error(capsys.readouterr().err) == (
+        "attnconv train: error: seed must be an integer in [0, 2**63), got 1180591620717411303424\n"
+    )

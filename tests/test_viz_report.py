@@ -188,3 +188,43 @@ def test_bad_run_folders(tmp_path, capsys):
     (tmp_path / "broken" / "metrics.jsonl").write_text('{"epoch": 1,\n')
     with pytest.raises(ValueError, match=re.escape("metrics.jsonl:1: not valid JSON")):
         load_run(tmp_path / "broken")
+
+
+def metrics_line(**changes):
+    record = {**metrics([0.5], [1.0])[0], **changes}
+    return (json.dumps({k: v for k, v in record.items() if v != "-"}) + "\n").encode()
+
+
+SUMMARY = {"preset": "quick", "dataset": "digits", "best_epoch": 1, "test_acc": 0.5}
+
+# (file, its bytes, what the one line says after the file's name): broken run folders as a user
+# or a crash leaves them
+BROKEN = [
+    ("metrics.jsonl", b'{"epoch": 1, "val_acc": 0.5}\n\xff\xfe\n', "not UTF-8 text (invalid"),
+    ("metrics.jsonl", metrics_line(epoch="-"), ":1: an epoch record needs an integer 'epoch'"),
+    ("metrics.jsonl", metrics_line(epoch="x"), ":1: an epoch record needs an integer 'epoch'"),
+    ("metrics.jsonl", metrics_line(epoch=0), ":1: an epoch record needs an integer 'epoch' >= 1"),
+    ("metrics.jsonl", metrics_line(val_acc="x"), ":1: val_acc must be a number, got 'x'"),
+    ("metrics.jsonl", metrics_line(epoch_time_s=[1]), ":1: epoch_time_s must be a number"),
+    ("metrics.jsonl", metrics_line(val_acc=True), ":1: val_acc must be a number, got True"),
+    ("metrics.jsonl", b'[{"epoch": 1}]\n', ":1: expected a JSON object, got list"),
+    ("summary.json", json.dumps({**SUMMARY, "test_acc": "x"}).encode(), "test_acc must be a"),
+    ("summary.json", json.dumps({**SUMMARY, "best_epoch": "2"}).encode(), "best_epoch must be"),
+    ("summary.json", json.dumps({**SUMMARY, "parameters": {}}).encode(), "parameters must be"),
+    ("summary.json", json.dumps({**SUMMARY, "train_time_s": "1h"}).encode(), "train_time_s must"),
+    ("summary.json", b"\x80" + json.dumps(SUMMARY).encode(), "not UTF-8 text (invalid"),
+    ("summary.json", b"", "not valid JSON"),
+    ("config.json", b'{"preset": "\xc3"}', "not UTF-8 text (invalid"),
+]
+
+
+@pytest.mark.parametrize(("name", "data", "message"), BROKEN)
+def test_a_broken_run_folder_is_one_line_naming_the_file(tmp_path, capsys, name, data, message):
+    run = write_run(tmp_path / "run", metrics([0.5, 0.6], [1.0, 1.0]), SUMMARY, {})
+    (run / name).write_bytes(data)
+    assert main(["report", str(run), "--out", str(tmp_path / "report")]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.count("\n") == 1, err
+    assert err.startswith(f"attnconv report: error: {run / name}"), err
+    assert message in err, err
+    assert not (tmp_path / "report").exists()

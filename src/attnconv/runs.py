@@ -5,6 +5,8 @@ record per finished epoch), ``summary.json`` (written when the run ends), ``tens
 ``checkpoints/`` (``last.pt``, ``best.pt``, ``epoch_NNNN.pt``) and ``.lock``. A process that writes
 the folder holds an exclusive ``flock`` on ``.lock`` for as long as it runs (the kernel drops it
 when the process dies, also by SIGKILL); a second writer is refused with the holder's process id.
+The holder checks before it writes that ``.lock`` is still the file it locked (``RunLock.check``),
+so a folder deleted or replaced meanwhile stops the run instead of being made again unlocked.
 Every file is written by ``write_atomic`` (or ``write_text_atomic``/``write_json`` on top of it): a
 temporary file in the same folder, flushed to disk, renamed over the target, so a reader or a
 crash sees the old file or the new one. Temporary files a killed writer left behind are removed by
@@ -180,9 +182,39 @@ def _holder(lock_path: Path) -> str:
         return "another process"
 
 
+@dataclass(frozen=True)
+class RunLock:
+    """The lock a process holds on a run folder: the open ``.lock`` file ``fd`` of ``root``."""
+
+    root: Path
+    fd: int
+
+    def check(self) -> None:
+        """RunFolderError unless the folder's ``.lock`` is still the file this lock holds: the
+        folder was deleted (or made again, and maybe locked by another writer) meanwhile, so
+        writing to it now would make a run folder without a lock, or write over another run."""
+        path = RunDir(self.root).lock
+        held = os.fstat(self.fd)
+        try:
+            current = os.stat(path)
+        except FileNotFoundError:
+            what = f"was deleted while this run was writing it ({path} is gone)"
+        else:
+            if (current.st_dev, current.st_ino) == (held.st_dev, held.st_ino):
+                return
+            what = (
+                f"was replaced while this run was writing it: its .lock is now held by "
+                f"{_holder(path)}"
+            )
+        raise RunFolderError(
+            f"run folder {self.root} {what}; the run stopped without writing to it again"
+        )
+
+
 @contextmanager
-def locked_run(run_dir: str | Path) -> Iterator[Path]:
-    """Create ``run_dir`` if needed and hold its exclusive lock for the ``with`` block.
+def locked_run(run_dir: str | Path) -> Iterator[RunLock]:
+    """Create ``run_dir`` if needed and hold its exclusive lock for the ``with`` block; yields the
+    lock, whose ``check()`` says whether the folder is still the one locked.
 
     Removes temporary files left in the folder by a killed writer. RunFolderError (one line) if
     another process holds the lock or the folder cannot be created or written.
@@ -213,7 +245,7 @@ def locked_run(run_dir: str | Path) -> Iterator[Path]:
         os.ftruncate(fd, 0)
         os.pwrite(fd, (json.dumps(holder) + "\n").encode(), 0)
         remove_stale_temporaries(run_dir)
-        yield run_dir
+        yield RunLock(run_dir, fd)
     finally:
         os.close(fd)  # releases the lock
 

@@ -353,6 +353,8 @@ class MultiHeadSelfAttention2d(nn.Module):
         (before dropout; for position-only layers an expanded view of one shared matrix).
         """
         batch, height, width = self._check_input(x)
+        if batch == 0:
+            return self._forward_empty(x, return_attention)
         if self.impl == "dense":
             y, probs = self._forward_dense(x)
         elif self.separable:
@@ -366,6 +368,18 @@ class MultiHeadSelfAttention2d(nn.Module):
         n = height * width
         # (heads, N, N) shared by the batch, or (B, heads, N, N) -> (B, heads, N, N)
         return y, probs.expand(batch, self.heads, n, n)
+
+    def _forward_empty(self, x: Tensor, return_attention: bool) -> Tensor | tuple[Tensor, Tensor]:
+        """An empty batch ``x (0, H, W, dim)``: the empty output ``(0, H, W, out_dim)`` of the
+        value and output projections (so autograd reaches ``x``), and no probabilities
+        ``(0, heads, H·W, H·W)``, as torch's layers answer an empty batch."""
+        values = self._values(x)  # (0, heads|1, H, W, head_dim)
+        _, _, height, width, head_dim = values.shape
+        y = self._project_out(values.expand(0, self.heads, height, width, head_dim))
+        if not return_attention:
+            return y
+        n = height * width
+        return y, x.new_zeros(0, self.heads, n, n)
 
     def _values(self, x: Tensor) -> Tensor:
         """``(B, heads, H, W, head_dim)``, or ``(B, 1, H, W, dim)`` when heads share the raw input."""

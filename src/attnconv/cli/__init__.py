@@ -9,7 +9,8 @@ which defines
 Errors: a ``UserError`` (bad argument, config value or file, busy or unwritable run folder), a
 missing file and an OSError (permissions, read-only or full disk) print one line naming the problem
 (exit status 2); anything else, a plain ValueError or TypeError included, is a bug and keeps its
-traceback.
+traceback. Ctrl-C prints one line, with what the command saved and how to go on where it says
+(``train``: the resume command), and exits with status 130 (128 + SIGINT), as shells do.
 
 Only the chosen subcommand's module is imported, so ``attnconv --help`` and ``--version`` do not
 import torch; a command module keeps its heavy imports (matplotlib, TensorBoard, ...) inside ``run``.
@@ -111,6 +112,10 @@ def main(argv: list[str] | None = None) -> int:
         message = str(err)
     except OSError as err:  # permissions, read-only or full disks, ...: name the file
         message = f"{err.filename}: {os_error_reason(err)}" if err.filename else str(err)
+    except KeyboardInterrupt as err:  # Ctrl-C: what was saved, if the command says (train)
+        advice = f"; {err}" if str(err) else ""
+        print(f"attnconv {args.command}: interrupted{advice}", file=sys.stderr)
+        return 130
     print(f"attnconv {args.command}: error: {message}", file=sys.stderr)
     return 2
 

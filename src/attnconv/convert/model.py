@@ -103,7 +103,10 @@ def convert_model(
             relative error of the outputs exceeds :data:`PROBE_TOLERANCE` (for the probe's dtype). The error is stored on
             the result as ``conversion_probe_error``.
     Everything else is copied untouched, training mode included; :func:`conversion_summary` and
-    :func:`layers_left` say what was replaced and what was left.
+    :func:`layers_left` say what was replaced and what was left. What is shared stays shared: a
+    convolution used in several places becomes one attention module used in the same places
+    (the same parameters, trained as one), and a convolution whose weight or bias is also another
+    module's parameter is left in place, since converting it alone would untie them.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"expected an nn.Module, got {type(model).__name__}")
@@ -113,30 +116,30 @@ def convert_model(
             raise TypeError(
                 f"rules maps classes to callables rule(conv, spread), got {cls!r}: {rule!r}"
             )
-    converted = copy.deepcopy(model)
+    converted = copy.deepcopy(model)  # keeps what is shared shared (deepcopy's memo)
+    places: dict[int, list[str]] = {}  # every name of each module, also of one used twice
+    for name, module in converted.named_modules(remove_duplicate=False):
+        places.setdefault(id(module), []).append(name)
     targets, left = [], []
-    for name, module in converted.named_modules():
-        if not isinstance(module, (nn.Conv1d, nn.Conv2d)):
-            continue
-        rule = next((rules[c] for c in type(module).__mro__ if c in rules), None)
-        reason = _reason_left(module, rule is not None)
+    for name, module, rule, reason in _survey(converted, rules):
         if reason is None:
-            targets.append((name, module, rule or conv_to_attention))
+            targets.append((module, rule or conv_to_attention))
         else:
-            left.append(LeftLayer(name or "(model)", type(module).__name__, reason))
+            left.append(LeftLayer(name, type(module).__name__, reason))
     if strict and left:
         raise ConversionError(
             "convert_model(strict=True): these layers cannot be converted exactly:\n"
             + "\n".join(f"  {r.name} ({r.kind}): {r.reason}" for r in left)
         )
-    for name, conv, rule in targets:
+    for conv, rule in targets:
         module = rule(conv, spread)
         module.train(conv.training)
-        if not name:
-            converted = module
-            continue
-        parent_name, _, child = name.rpartition(".")
-        setattr(converted.get_submodule(parent_name), child, module)
+        for name in places[id(conv)]:  # one module in every place the convolution held
+            if not name:
+                converted = module
+                continue
+            parent_name, _, child = name.rpartition(".")
+            setattr(converted.get_submodule(parent_name), child, module)
     if probe is not None:
         error = probe_error(model, converted, probe)
         dtype = probe.dtype if probe.is_floating_point() else torch.float32
@@ -156,14 +159,39 @@ def layers_left(model: nn.Module, rules: Mapping[type, Rule] | None = None) -> l
 
     On a converted network: what was left. On an original: what would be (with ``rules``).
     """
-    rules = {} if rules is None else rules
+    return [
+        LeftLayer(name, type(module).__name__, reason)
+        for name, module, _, reason in _survey(model, {} if rules is None else rules)
+        if reason is not None
+    ]
+
+
+def _survey(
+    model: nn.Module, rules: Mapping[type, Rule]
+) -> list[tuple[str, nn.Module, Rule | None, str | None]]:
+    """``(name, module, rule, reason left)`` of each convolution of ``model``, once per module
+    (at its first name, ``(model)`` for the root) however many places use it; ``rule``: the first
+    of ``rules`` for a class of its MRO, ``reason``: None if it can be converted."""
+    owners: dict[int, list[str]] = {}  # parameter -> the modules holding it
+    for name, module in model.named_modules():
+        for param in module._parameters.values():
+            if param is not None:
+                owners.setdefault(id(param), []).append(name or "(model)")
     rows = []
     for name, module in model.named_modules():
-        if isinstance(module, (nn.Conv1d, nn.Conv2d)):
-            has_rule = any(c in rules for c in type(module).__mro__)
-            reason = _reason_left(module, has_rule)
-            if reason is not None:
-                rows.append(LeftLayer(name or "(model)", type(module).__name__, reason))
+        if not isinstance(module, (nn.Conv1d, nn.Conv2d)):
+            continue
+        name = name or "(model)"
+        rule = next((rules[c] for c in type(module).__mro__ if c in rules), None)
+        reason = _reason_left(module, rule is not None)
+        for kind, param in module._parameters.items():
+            others = [] if param is None else [n for n in owners[id(param)] if n != name]
+            if reason is None and others:
+                reason = (
+                    f"its {kind} is also a parameter of {', '.join(others)} (converting it "
+                    f"alone would untie them)"
+                )
+        rows.append((name, module, rule, reason))
     return rows
 
 

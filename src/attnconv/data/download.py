@@ -1,11 +1,15 @@
 """Careful downloads: stream to a temporary file, check the MD5, then rename.
 
 A download that fails, or whose checksum does not match, leaves nothing behind and raises
-``DownloadError`` saying what went wrong and how to provide the file by hand.
+``DownloadError`` saying what went wrong and how to provide the file by hand. A download that is
+killed (SIGKILL, power loss) leaves its temporary ``.NAME.XXXX.part`` file; the download holds an
+exclusive ``flock`` on it while it runs (the kernel drops it when the process dies), so the next
+download into the folder removes the ``.part`` files nobody holds.
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import http.client
 import os
@@ -16,6 +20,39 @@ from pathlib import Path
 from attnconv.runs import plain_file_mode
 
 _CHUNK = 1 << 20
+PART_SUFFIX = ".part"
+
+
+def remove_stale_parts(folder: Path) -> list[Path]:
+    """Delete the ``.NAME.XXXX.part`` files in ``folder`` that no running download holds (those
+    of killed downloads); returns what was removed."""
+    removed = []
+    for path in Path(folder).glob(f".*{PART_SUFFIX}"):
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:  # its download just finished or failed
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:  # a download in progress
+            os.close(fd)
+            continue
+        try:
+            path.unlink(missing_ok=True)
+            removed.append(path)
+        finally:
+            os.close(fd)
+    return removed
+
+
+def _locked_part(dest: Path) -> tuple[int, Path]:
+    """A new ``.NAME.XXXX.part`` file next to ``dest``, open and exclusively locked: ``(fd, path)``."""
+    while True:
+        fd, name = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=PART_SUFFIX)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        if os.fstat(fd).st_nlink:
+            return fd, Path(name)
+        os.close(fd)  # another download's cleanup removed it before the lock: make another
 
 
 class DownloadError(FileNotFoundError):
@@ -41,13 +78,16 @@ def fetch(url: str, dest: Path, md5: str, *, manual_hint: str, timeout: float = 
     """
     dest = Path(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".part")
+    remove_stale_parts(dest.parent)
+    fd, tmp = _locked_part(dest)
     os.fchmod(fd, plain_file_mode())  # mkstemp's 0600 would hide the dataset from other users
-    tmp = Path(tmp_name)
     try:
         digest = hashlib.md5(usedforsecurity=False)
         try:
-            with os.fdopen(fd, "wb") as out, urllib.request.urlopen(url, timeout=timeout) as resp:
+            with (
+                os.fdopen(fd, "wb", closefd=False) as out,
+                urllib.request.urlopen(url, timeout=timeout) as resp,
+            ):
                 while chunk := resp.read(_CHUNK):
                     digest.update(chunk)
                     out.write(chunk)
@@ -61,4 +101,5 @@ def fetch(url: str, dest: Path, md5: str, *, manual_hint: str, timeout: float = 
         os.replace(tmp, dest)
     finally:
         tmp.unlink(missing_ok=True)
+        os.close(fd)  # releases the lock, after the rename: no cleanup takes the finished file
     return dest

@@ -14,6 +14,7 @@ big-endian uint32 sizes, then the values in row-major order.
 from __future__ import annotations
 
 import gzip
+import math
 import zlib
 from pathlib import Path
 
@@ -58,11 +59,17 @@ def read_idx(path: Path, ndim: int) -> np.ndarray:
             f"(an idx file of unsigned bytes with {ndim} dimension(s))"
         )
     header = 4 + 4 * ndim
+    if len(raw) < header:
+        raise UserError(
+            f"{path}: truncated idx header: {len(raw)} bytes, expected {header} (the magic number "
+            f"and {ndim} sizes of 4 bytes)"
+        )
     shape = tuple(int(d) for d in np.frombuffer(raw[4:header], dtype=">u4"))
-    if len(shape) != ndim or len(raw) - header != int(np.prod(shape)):
+    values = math.prod(shape)  # a Python int: sizes up to 2^32 - 1 each cannot overflow it
+    if len(raw) - header != values:
         raise UserError(
             f"{path}: truncated or oversized idx file: header says shape {shape}, "
-            f"{int(np.prod(shape))} values, but {max(len(raw) - header, 0)} bytes follow it"
+            f"{values} values, but {len(raw) - header} bytes follow it"
         )
     return np.frombuffer(raw, dtype=np.uint8, offset=header).reshape(shape)
 
@@ -104,6 +111,11 @@ def _read_pair(folder: Path, prefix: str) -> ImageSet:
     labels = read_idx(labels_path, 1)
     if images.shape[1:] != (28, 28):
         raise UserError(f"{images_path}: images must be 28×28, got {images.shape[1:]}")
+    if len(images) == 0:
+        raise UserError(
+            f"{images_path}: holds no images: an empty split can be neither trained nor evaluated "
+            f"on (Fashion-MNIST has 60000 training and 10000 test images)"
+        )
     if len(labels) != len(images):
         raise UserError(
             f"{labels_path}: {len(labels)} labels for {len(images)} images in {images_path}"

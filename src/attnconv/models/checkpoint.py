@@ -26,12 +26,14 @@ from __future__ import annotations
 import io
 import pickle
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
+from torch.overrides import TorchFunctionMode
+from torch.utils._device import _device_constructors
 
 from attnconv.errors import UserError
 from attnconv.models.presets import MODELS, preset_arguments
@@ -114,7 +116,8 @@ def _malformed(
 
 
 def check_fields(checkpoint: Mapping[str, Any], path: str | Path) -> None:
-    """CheckpointError naming the first entry of ``checkpoint`` whose type is wrong."""
+    """CheckpointError naming the first entry of ``checkpoint`` whose type is wrong, or whose
+    value is out of range (a negative epoch or step count)."""
     for key, expected in _FIELD_TYPES.items():
         if key not in checkpoint:
             continue
@@ -122,6 +125,13 @@ def check_fields(checkpoint: Mapping[str, Any], path: str | Path) -> None:
         if not isinstance(value, expected) or isinstance(value, bool):
             raise _malformed(
                 path, key, value, expected if isinstance(expected, tuple) else (expected,)
+            )
+    for key in ("epoch", "step"):
+        if checkpoint.get(key, 0) < 0:
+            raise CheckpointError(
+                f"checkpoint {path} has {key}={checkpoint[key]}; expected a count >= 0 (of "
+                f"completed {'epochs' if key == 'epoch' else 'optimizer steps'}): the file was "
+                f"edited or damaged"
             )
     bad = [
         k
@@ -222,11 +232,45 @@ def construct(
         arguments = upgrade_arguments(arguments)
     try:
         return MODELS[architecture](**arguments)
-    except (TypeError, ValueError) as err:
+    except (TypeError, ValueError, RuntimeError) as err:  # RuntimeError: a failed allocation
         raise error(
             f"{source}: its arguments do not build a {architecture!r} model "
             f"({_printable(str(err))}); the file was not written by this attnconv"
         ) from err
+
+
+CONSTRUCTION_SLACK = 64 << 20
+"""Bytes a model's construction may allocate beyond twice its weights (temporaries, tables)."""
+
+
+class _AllocationExceeded(Exception):
+    """A model's construction passed its allocation limit; the message says how."""
+
+
+class _AllocationLimit(TorchFunctionMode):
+    """While active, counts the bytes of the tensors torch's factory functions make and raises
+    ``_AllocationExceeded`` once they pass ``limit`` (right after the allocation, before anything
+    is written to it, so memory the system lends lazily is never touched) or when the system
+    refuses one."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__()
+        self.limit, self.left = limit, limit
+
+    def __torch_function__(
+        self, func: Callable, types: Any, args: tuple = (), kwargs: dict | None = None
+    ) -> Any:
+        if func not in _device_constructors():
+            return func(*args, **(kwargs or {}))
+        try:
+            result = func(*args, **(kwargs or {}))
+        except RuntimeError as err:  # a failed allocation: more than the machine can give
+            raise _AllocationExceeded("more memory than this machine can give") from err
+        if isinstance(result, torch.Tensor):
+            self.left -= result.numel() * result.element_size()
+            if self.left < 0:
+                raise _AllocationExceeded(f"more than {self.limit:,} bytes")
+        return result
 
 
 def rebuild(
@@ -239,10 +283,29 @@ def rebuild(
     """The saved model: ``MODELS[architecture](**arguments)`` with the weights ``state`` loaded
     (train mode, CPU). Checkpoints and the shipped pretrained weights are both rebuilt here.
 
-    ``error`` naming ``source`` if the model cannot be built (``construct``) or ``state`` does not
-    fit it exactly (a missing, unexpected or differently shaped tensor).
+    ``error`` naming ``source`` if a weight is not finite (NaN or infinite: damaged, or saved
+    after training diverged, which ``attnconv train`` never does), the arguments describe a model
+    much larger than the weights (its construction would allocate more than twice their bytes
+    and ``CONSTRUCTION_SLACK``, or more than the machine gives; it is stopped before the memory
+    is used), the model cannot be built (``construct``), or ``state`` does not fit it exactly (a
+    missing, unexpected or differently shaped tensor).
     """
-    model = construct(architecture, arguments, source, error)
+    for name, tensor in state.items():
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            raise error(
+                f"{source}: weight {_printable(name, 80)} holds NaN or infinite values; the file "
+                f"is damaged or was saved from a diverged run"
+            )
+    held = sum(t.numel() * t.element_size() for t in state.values())
+    limit = 2 * held + CONSTRUCTION_SLACK
+    try:
+        with _AllocationLimit(limit):
+            model = construct(architecture, arguments, source, error)
+    except _AllocationExceeded as err:
+        raise error(
+            f"{source}: its arguments describe a model far larger than its {held:,} bytes of "
+            f"weights (building it would allocate {err}); the file is damaged or was edited"
+        ) from None
     try:
         missing, unexpected = model.load_state_dict(state, strict=False)
     except RuntimeError as err:  # shapes differ

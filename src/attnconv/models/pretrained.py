@@ -57,17 +57,69 @@ class PretrainedInfo:
     run: dict[str, Any] = field(default_factory=dict)
 
 
+# The type of each entry field of index.json (``run`` may be left out).
+_ENTRY_TYPES: dict[str, type | tuple[type, ...]] = {
+    "name": str,
+    "description": str,
+    "dataset": str,
+    "architecture": str,
+    "arguments": dict,
+    "file": str,
+    "sha256": str,
+    "test_accuracy": (float, int),
+    "run": dict,
+}
+
+
 def _read_index(folder: Path) -> dict[str, PretrainedInfo]:
+    """The entries of ``folder/index.json`` by name; PretrainedError (one line naming the file)
+    if it is not UTF-8 JSON, not a list of objects, or an entry lacks a field or has one of the
+    wrong type (``_ENTRY_TYPES``)."""
     path = folder / INDEX_NAME
     if not path.is_file():
         return {}
+
+    def corrupted(what: str) -> PretrainedError:
+        return PretrainedError(
+            f"the pretrained index {path} is corrupted: {what}; reinstall attnconv"
+        )
+
     try:
-        entries = json.loads(path.read_text())
-        return {entry["name"]: PretrainedInfo(**entry) for entry in entries}
-    except (json.JSONDecodeError, TypeError, KeyError) as err:
-        raise PretrainedError(
-            f"the pretrained index {path} is corrupted ({err}); reinstall attnconv"
-        ) from err
+        entries = json.loads(path.read_bytes().decode("utf-8"))
+    except ValueError as err:  # UnicodeDecodeError, JSONDecodeError
+        reason = str(err).splitlines()[0][:120]
+        raise corrupted(f"not UTF-8 JSON ({reason})") from err
+    if not isinstance(entries, list):
+        raise corrupted(f"not a JSON list of model entries ({_json_kind(entries)})")
+    models = {}
+    for number, entry in enumerate(entries, start=1):
+        if not isinstance(entry, dict):
+            raise corrupted(f"entry {number} is not a JSON object ({_json_kind(entry)})")
+        name = str(entry.get("name", "?"))[:40]
+        missing = [key for key in _ENTRY_TYPES if key != "run" and key not in entry]
+        unknown = sorted(str(key)[:40] for key in entry if key not in _ENTRY_TYPES)
+        if missing or unknown:
+            lacks = f"lacks {', '.join(missing)}" if missing else ""
+            extra = f"has unknown field(s) {', '.join(unknown)}" if unknown else ""
+            raise corrupted(f"entry {number} ({name}) {' and '.join(filter(None, (lacks, extra)))}")
+        for key, value in entry.items():
+            expected = _ENTRY_TYPES[key]
+            if not isinstance(value, expected) or isinstance(value, bool):
+                kind = _json_kind(1.0 if key == "test_accuracy" else expected())
+                raise corrupted(
+                    f"entry {number} ({name}) has a malformed {key} ({_json_kind(value)}, "
+                    f"expected {kind})"
+                )
+        models[entry["name"]] = PretrainedInfo(**entry)
+    return models
+
+
+def _json_kind(value: Any) -> str:
+    """What a value read from JSON is, in JSON's words: ``an object``, ``a number``, ..."""
+    kinds = {dict: "an object", list: "an array", str: "a string", bool: "a boolean"}
+    if value is None:
+        return "null"
+    return kinds.get(type(value), "a number")
 
 
 def pretrained_models(folder: str | Path = WEIGHTS_DIR) -> dict[str, PretrainedInfo]:

@@ -252,8 +252,12 @@ class ImageTransformer(nn.Module):
         rows are queries).
         """
         check_images(x, self.in_channels, "ImageTransformer")
-        self.token_grid(x.shape[2], x.shape[3])
-        x = F.pixel_unshuffle(self.normalize(x), self.stem)
+        h, w = self.token_grid(x.shape[2], x.shape[3])
+        x = self.normalize(x)
+        if x.shape[0] == 0:  # torch's pixel_unshuffle returns an empty batch unchanged
+            x = x.reshape(0, self.in_channels * self.stem**2, h, w)
+        else:
+            x = F.pixel_unshuffle(x, self.stem)
         x = self.embed(x.permute(0, 2, 3, 1))
         attentions = []
         for block in self.blocks:

@@ -282,7 +282,7 @@ def check_config(config: TrainConfig) -> None:
          f"unknown precision {config.precision!r}; valid: {', '.join(PRECISIONS)}")
     need(config.device == "auto" or config.device == "cpu" or config.device.startswith("cuda"),
          f"device must be auto, cpu, cuda or cuda:N, got {config.device!r}")
-    need(config.seed >= 0, f"seed must be >= 0, got {config.seed}")
+    need(0 <= config.seed < 2**63, f"seed must be an integer in [0, 2**63), got {config.seed}")
     need(config.pad is None or config.pad >= 0, f"pad must be >= 0 pixels, got {config.pad}")
     need(config.checkpoint_every >= 0,
          f"checkpoint_every must be >= 0 epochs (0: off), got {config.checkpoint_every}")

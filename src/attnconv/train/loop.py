@@ -57,6 +57,7 @@ from attnconv.models.presets import preset_arguments, size_note
 from attnconv.runs import (
     RunDir,
     RunFolderError,
+    RunLock,
     is_full,
     locked_run,
     not_writable_hint,
@@ -101,7 +102,9 @@ def train(
     Joins the ``torchrun`` process group when launched by it; the main rank holds the run
     folder's lock throughout. Raises NonFiniteLossError if training diverges
     (``checkpoints/last.pt`` then still holds the last finite state), RunFolderError if another
-    process holds the folder, a fresh run finds one there, or a write fails (disk full, read-only).
+    process holds the folder, a fresh run finds one there, the folder is deleted or replaced
+    while the run writes it, or a write fails (disk full, read-only), and TrainingInterrupted (a
+    KeyboardInterrupt saying what a resume continues from) on Ctrl-C.
     """
     run = RunDir(run_dir)
     resumed = None
@@ -112,11 +115,29 @@ def train(
         raise TypeError("train() needs a config unless it resumes a run")
     context = distributed.setup(config.device)
     try:
-        with locked_run(run.root) if context.is_main else nullcontext():
-            trainer = Trainer(config, run.root, context, resumed, init_checkpoint, epoch_figure)
+        with locked_run(run.root) if context.is_main else nullcontext() as lock:
+            trainer = Trainer(
+                config, run.root, context, resumed, init_checkpoint, epoch_figure, lock=lock
+            )
             return trainer.fit()
+    except KeyboardInterrupt as err:
+        raise TrainingInterrupted(_interrupted_advice(run)) from err
     finally:
         distributed.teardown()
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """Ctrl-C (SIGINT) stopped training; the message says how to go on from what was saved."""
+
+
+def _interrupted_advice(run: RunDir) -> str:
+    position = _saved_position(run.last)
+    if position is None:
+        return "no checkpoint was saved yet: start the run again with the same command"
+    return (
+        f"the last checkpoint is {run.last} (step {position[1]}): continue with: attnconv train "
+        f"--resume {run.root}"
+    )
 
 
 def _resumed_config(checkpoint: dict[str, Any], given: TrainConfig | None, run: RunDir) -> TrainConfig:
@@ -236,7 +257,10 @@ class Trainer:
         resumed: dict[str, Any] | None,
         init_checkpoint: dict[str, Any] | None = None,
         epoch_figure: EpochFigure | None = None,
+        *,
+        lock: RunLock | None = None,
     ) -> None:
+        self.lock = lock  # the run folder's, held by the main rank: checked before each write
         self.device = context.device
         if self.device.type == "cpu":
             reuse_freed_memory()  # no page faults for each step's large tensors: attnconv.memory
@@ -350,7 +374,15 @@ class Trainer:
         if config.init is None:
             overrides = {**config.model, **data_model_config(self.data)}
             architecture, arguments = preset_arguments(config.preset, **overrides)
-            return MODELS[architecture](**arguments), architecture, arguments
+            try:
+                return MODELS[architecture](**arguments), architecture, arguments
+            except (TypeError, ValueError) as err:
+                given = " ".join(f"model.{k}={v}" for k, v in config.model.items())
+                raise UserError(
+                    f"{given or 'its preset arguments'}: the {config.preset!r} model cannot be "
+                    f"built on {config.dataset} with {'it' if len(config.model) == 1 else 'them'} "
+                    f"({err})"
+                ) from err
         return self._pruned_init_model(load_checkpoint(config.init) if init is None else init)
 
     def _pruned_init_model(self, init: dict[str, Any]) -> tuple[nn.Module, str, dict[str, Any]]:
@@ -427,6 +459,31 @@ class Trainer:
                 f"checkpoint {last} cannot be resumed: its optimizer, rng, metrics or progress "
                 f"entry is malformed ({type(err).__name__}: {str(err).splitlines()[0][:120]})"
             ) from err
+        self._check_position(checkpoint.get("epoch_progress") is not None)
+
+    def _check_position(self, mid_epoch: bool) -> None:
+        """CheckpointError unless the restored epoch and step are a point of this run: ``epoch``
+        records, at most the run's epochs, and the step of that epoch's end (or, inside the next
+        epoch, one of its steps)."""
+        last, epoch, step, per_epoch = self.run.last, self.epoch, self.step, self.steps_per_epoch
+        last_epoch = self.config.epochs - 1 if mid_epoch else self.config.epochs
+        if len(self.metrics) != epoch or epoch > last_epoch:
+            raise CheckpointError(
+                f"checkpoint {last} cannot be resumed: its epoch {epoch} does not fit its "
+                f"{len(self.metrics)} epoch record(s) and the run's {self.config.epochs} epochs; "
+                f"the file was edited or damaged"
+            )
+        start = epoch * per_epoch
+        if mid_epoch and not start < step < start + per_epoch:
+            expected = f"a step between {start} and {start + per_epoch}"
+        elif not mid_epoch and step != start:
+            expected = f"step {start}"
+        else:
+            return
+        raise CheckpointError(
+            f"checkpoint {last} cannot be resumed: its step {step} does not fit its epoch {epoch} "
+            f"({per_epoch} steps per epoch: expected {expected}); the file was edited or damaged"
+        )
 
     def _best_record(self) -> dict[str, Any] | None:
         """The first epoch record with the highest validation accuracy (what best.pt holds)."""
@@ -498,17 +555,29 @@ class Trainer:
             return "no checkpoint was saved yet"
         return f"the last good checkpoint is {self.run.last} (step {self.saved_step})"
 
+    def _check_lock(self) -> None:
+        """RunFolderError if the run folder was deleted or replaced (main rank; see RunLock)."""
+        if self.lock is not None:
+            self.lock.check()
+
     @contextmanager
     def _writing(self, path: Path) -> Iterator[None]:
-        """Turn an OSError while writing ``path`` into a one-line RunFolderError."""
+        """Check the run folder is still this run's, then turn an OSError while writing ``path``
+        into a one-line RunFolderError saying how to go on."""
+        self._check_lock()
         try:
             yield
         except OSError as err:
             todo = "free space" if is_full(err) else not_writable_hint(self.run.root)
+            if self.saved_step is None:
+                then = "start the run again with the same command (there is nothing to resume)"
+                kept = self._kept()
+            else:
+                then = f"continue with: attnconv train --resume {self.run.root}"
+                kept = f"{self._kept()}, intact"
             raise RunFolderError(
-                f"cannot write {path}: {os_error_reason(err)}; {self._kept()}, intact. "
-                f"{todo[0].upper()}{todo[1:]}, then continue with: attnconv train --resume "
-                f"{self.run.root}"
+                f"cannot write {path}: {os_error_reason(err)}; {kept}. "
+                f"{todo[0].upper()}{todo[1:]}, then {then}"
             ) from err
 
     # ------------------------------------------------------------------ loop
@@ -613,6 +682,7 @@ class Trainer:
             if mid_checkpoint or in_epoch % CHECK_EVERY == 0:
                 running = self._check_finite(sums)
                 bar.set_postfix(loss=f"{running:.4f}", lr=f"{lr:.3g}")
+                self._check_lock()  # before TensorBoard writes into the folder
                 self.logger.step(self.step, running, lr)
             if mid_checkpoint:
                 totals = distributed.all_reduce_sum(sums.tolist(), self.device)
@@ -694,6 +764,7 @@ class Trainer:
                     )
                 }
                 self.metrics.append(record)
+                self._check_lock()
                 logger.epoch(record, self.model, self.data.image_size)
                 # last.pt first: a kill before a copy is written is repaired by the resume.
                 self._save(self._checkpoint(None), self.run.last, *self._epoch_copies(self.epoch))
@@ -715,9 +786,10 @@ class Trainer:
             checkpoint = load_checkpoint(best_path)
             if (checkpoint["epoch"], checkpoint["step"]) != (best["epoch"], best["step"]):
                 raise RunFolderError(
-                    f"{best_path} holds epoch {checkpoint['epoch']}, but the run's metrics name "
-                    f"epoch {best['epoch']} as the best; the folder was changed by hand or by an "
-                    f"older attnconv: test a checkpoint with attnconv eval instead"
+                    f"{best_path} holds epoch {checkpoint['epoch']} (step {checkpoint['step']}), "
+                    f"but the run's metrics name epoch {best['epoch']} (step {best['step']}) as "
+                    f"the best; the folder was changed by hand or by an older attnconv: test a "
+                    f"checkpoint with attnconv eval instead"
                 )
             best_model = build_model(checkpoint, best_path).to(self.device)
             test_loader = BatchLoader(

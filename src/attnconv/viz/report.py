@@ -45,8 +45,18 @@ class Run:
         return str((self.summary or {}).get("dataset", self.config.get("dataset", "?")))
 
 
+# The numbers the report reads (each may also be missing or null): of an epoch record in
+# metrics.jsonl besides its ``epoch``, and of summary.json.
+METRIC_NUMBERS = ("step", "lr", "train_loss", "train_acc", "val_loss", "val_acc", "epoch_time_s",
+                  "images_per_s")  # fmt: skip
+SUMMARY_NUMBERS = ("parameters", "macs_per_image", "epochs", "best_val_acc", "best_epoch",
+                   "test_acc", "test_loss", "train_time_s", "images_per_s")  # fmt: skip
+
+
 def load_run(run_dir: str | Path) -> Run:
-    """Read a run folder; FileNotFoundError without ``metrics.jsonl``, ValueError on bad JSON."""
+    """Read a run folder; FileNotFoundError without ``metrics.jsonl``; UserError naming the file
+    (and line) for text that is not UTF-8 or JSON, an epoch record without an integer ``epoch``
+    >= 1, or a value of ``METRIC_NUMBERS``/``SUMMARY_NUMBERS`` that is not a number."""
     path = Path(run_dir)
     if not path.is_dir():
         raise FileNotFoundError(f"run directory {str(path)!r} does not exist")
@@ -55,15 +65,44 @@ def load_run(run_dir: str | Path) -> Run:
     if not metrics_path.is_file():
         raise FileNotFoundError(f"{str(path)!r} has no metrics.jsonl: not an attnconv run folder")
     metrics = []
-    for number, line in enumerate(metrics_path.read_text().splitlines(), start=1):
+    for number, line in enumerate(_read_text(metrics_path).splitlines(), start=1):
         if line.strip():
-            metrics.append(_parse_json(line, f"{metrics_path}:{number}"))
+            where = f"{metrics_path}:{number}"
+            record = _numbers(_parse_json(line, where), METRIC_NUMBERS, where)
+            epoch = record.get("epoch")
+            if not (isinstance(epoch, int) and not isinstance(epoch, bool) and epoch >= 1):
+                raise UserError(
+                    f"{where}: an epoch record needs an integer 'epoch' >= 1, got {_short(epoch)}"
+                )
+            metrics.append(record)
     config_path, summary_path = run.config, run.summary
-    config = _parse_json(config_path.read_text(), str(config_path)) if config_path.is_file() else {}
-    summary = (
-        _parse_json(summary_path.read_text(), str(summary_path)) if summary_path.is_file() else None
-    )
+    config = _parse_json(_read_text(config_path), str(config_path)) if config_path.is_file() else {}
+    summary = None
+    if summary_path.is_file():
+        where = str(summary_path)
+        summary = _numbers(_parse_json(_read_text(summary_path), where), SUMMARY_NUMBERS, where)
     return Run(path, config, metrics, summary)
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise UserError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from err
+
+
+def _numbers(record: dict[str, Any], keys: Sequence[str], where: str) -> dict[str, Any]:
+    """``record``, after checking that each of ``keys`` it holds is a number or null."""
+    for key in keys:
+        value = record.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
+            raise UserError(f"{where}: {key} must be a number, got {_short(value)}")
+    return record
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _parse_json(text: str, where: str) -> dict[str, Any]:
