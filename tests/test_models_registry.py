@@ -11,6 +11,7 @@ from torch import nn
 
 from attnconv.attention import PositionalScore
 from attnconv.models import PRESETS, ImageTransformer, ResNet, create_model, resnet18
+from attnconv.models.vit import PositionEmbedding
 
 NUM_CLASSES = 7
 
@@ -19,6 +20,7 @@ NUM_CLASSES = 7
 SMALL = {
     "image_transformer": {"hidden": 32, "depth": 2, "mlp_dim": 48, "heads": 4},
     "resnet18": {"widths": (8, 16, 16, 32)},
+    "vit": {"hidden": 32, "depth": 2, "mlp_dim": 48, "heads": 4, "head_dim": 8},
 }
 
 
@@ -100,9 +102,8 @@ class TestEveryPreset:
         for param_name in names:
             leaf = param_name.rsplit(".", 1)[-1]
             module = model.get_submodule(param_name.rsplit(".", 1)[0])
-            exempt = (
-                leaf == "bias"
-                or isinstance(module, (nn.LayerNorm, nn.BatchNorm2d, PositionalScore))
+            exempt = leaf == "bias" or isinstance(
+                module, (nn.LayerNorm, nn.BatchNorm2d, PositionalScore, PositionEmbedding)
             )
             assert (param_name in no_decay) == exempt, param_name
 
