@@ -20,7 +20,7 @@ NUM_CLASSES = 7
 SMALL = {
     "image_transformer": {"hidden": 32, "depth": 2, "mlp_dim": 48, "heads": 4},
     "resnet18": {"widths": (8, 16, 16, 32)},
-    "vit": {"hidden": 32, "depth": 2, "mlp_dim": 48, "heads": 4, "head_dim": 8},
+    "vision_transformer": {"hidden": 32, "depth": 2, "mlp_dim": 48, "heads": 4, "head_dim": 8},
 }
 
 

@@ -162,7 +162,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("give a checkpoint or --pretrained NAME (or all), not both")
     if args.checkpoint is None and args.pretrained is None:
         if not args.add:
-            raise UserError("give a checkpoint, --pretrained NAME (or all) or --add DIR")
+            raise UserError("give a checkpoint or --pretrained NAME (or all), or only --add DIR")
         given = [
             option
             for option, value in (

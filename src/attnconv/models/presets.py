@@ -72,7 +72,7 @@ def Recipe(**fields: Any) -> dict[str, Any]:
 MODELS: dict[str, type[nn.Module]] = {
     "image_transformer": ImageTransformer,
     "resnet18": ResNet,
-    "vit": VisionTransformer,
+    "vision_transformer": VisionTransformer,
 }
 
 _GENERALIZED = {"positional": "gaussian_full"}
@@ -236,7 +236,7 @@ PRESETS: dict[str, Preset] = {
         Preset(
             "vit-fashion",
             "plain ViT: 2×2 patches, learned absolute positions, content attention, Fashion-MNIST",
-            "vit",
+            "vision_transformer",
             {
                 **_FASHION_IMAGES,
                 **{
