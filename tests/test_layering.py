@@ -2,7 +2,7 @@
 module imports itself back through a cycle.
 
 Levels, lowest first: errors, hardware, memory, runs < attention, data < convert, models < train < viz <
-reproduce, demo < cli. A module's level is that of its first name under ``attnconv``; an import may
+reproduce, demo, analysis < cli. A module's level is that of its first name under ``attnconv``; an import may
 point to the same level or a lower one, and besides viz never imports train (figures load models
 through attnconv.models) and train never imports convert.
 """
@@ -19,7 +19,7 @@ LEVELS = {
     **dict.fromkeys(("convert", "models"), 2),
     "train": 3,
     "viz": 4,
-    **dict.fromkeys(("reproduce", "demo"), 5),
+    **dict.fromkeys(("reproduce", "demo", "analysis"), 5),
     **dict.fromkeys(("cli", "__main__", ""), 6),  # "": the package's own __init__ (its façade)
 }
 APART = {("viz", "train"), ("train", "convert")}  # lower, yet never imported

@@ -122,6 +122,7 @@ def test_rebuild_errors_name_the_source() -> None:
 SMALL = {
     "image_transformer": {"hidden": 16, "depth": 1, "heads": 4, "head_dim": 4, "mlp_dim": 16},
     "resnet18": {"widths": (4, 4, 4, 4)},
+    "vision_transformer": {"hidden": 16, "depth": 1, "heads": 4, "head_dim": 4, "mlp_dim": 16},
 }
 
 

@@ -39,7 +39,7 @@ FASHION_PRESETS = [
 
 
 def test_every_preset_is_registered():
-    assert list(PRESETS) == [*PAPER_PRESETS, "quick", *FASHION_PRESETS]
+    assert list(PRESETS) == [*PAPER_PRESETS, "quick", *FASHION_PRESETS, "vit-fashion"]
     assert attnconv.PRESETS is PRESETS and attnconv.create_model is create_model
     for name, preset in PRESETS.items():
         assert preset.name == name and preset.description

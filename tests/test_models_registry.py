@@ -12,6 +12,7 @@ from torch import nn
 from attnconv.attention import PositionalScore
 from attnconv.models import PRESETS, ImageTransformer, ResNet, create_model, resnet18
 from attnconv.models.checkpoint import construct
+from attnconv.models.vit import PositionEmbedding
 
 NUM_CLASSES = 7
 
@@ -20,6 +21,7 @@ NUM_CLASSES = 7
 SMALL = {
     "image_transformer": {"hidden": 32, "depth": 2, "mlp_dim": 48, "heads": 4},
     "resnet18": {"widths": (8, 16, 16, 32)},
+    "vision_transformer": {"hidden": 32, "depth": 2, "mlp_dim": 48, "heads": 4, "head_dim": 8},
 }
 
 
@@ -114,9 +116,8 @@ class TestEveryPreset:
             # The paper's code: decay everything but the Gaussian centres and spreads.
             geometry = isinstance(module, PositionalScore) and leaf in ("centers", "spread")
             assert (param_name in original) == geometry, param_name
-            exempt = (
-                leaf == "bias"
-                or isinstance(module, (nn.LayerNorm, nn.BatchNorm2d, PositionalScore))
+            exempt = leaf == "bias" or isinstance(
+                module, (nn.LayerNorm, nn.BatchNorm2d, PositionalScore, PositionEmbedding)
             )
             assert (param_name in earlier) == exempt, param_name
         with pytest.raises(ValueError, match="decay_exempt must be one of"):

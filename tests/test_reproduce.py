@@ -36,6 +36,7 @@ def test_presets_of_an_experiment():
         "learned-fashion",
         "learned-content-fashion",
         "resnet-fashion",
+        "vit-fashion",
     )
     assert reproduce.selected_presets("fashion-mnist", ["resnet-fashion"]) == ("resnet-fashion",)
     with pytest.raises(ValueError, match="quick not in experiment 'fashion-mnist'"):

@@ -34,6 +34,7 @@ EXPERIMENTS: dict[str, tuple[str, ...]] = {
         "learned-fashion",
         "learned-content-fashion",
         "resnet-fashion",
+        "vit-fashion",
     ),
 }
 # Simple baselines a reviewer asks for beside the experiment's table: (model, test accuracy,
@@ -136,7 +137,7 @@ def analyse_run(run_dir: Path, figures: Path, data_dir: str | None) -> dict[str,
     import torch
 
     from attnconv.models.checkpoint import construct, load_model
-    from attnconv.models.presets import PRESETS
+    from attnconv.models.presets import MODELS, PRESETS
     from attnconv.viz.figures import plot_model, test_images
     from attnconv.viz.grid import layer_grid_scores
     from attnconv.viz.maps import compute_attention, is_position_only
@@ -159,7 +160,7 @@ def analyse_run(run_dir: Path, figures: Path, data_dir: str | None) -> dict[str,
         "grid_coverage": None,
         "attention_distance": None,
     }
-    if PRESETS[row["preset"]].model != "image_transformer":
+    if not hasattr(MODELS[PRESETS[row["preset"]].model], "attention_layers"):
         return row
     model, checkpoint = load_model(run.best)
     images = labels = None

@@ -37,6 +37,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "attnconv.cli.plot",
         "draw a checkpoint's attention figures (contours, maps, distances, centre trajectories)",
     ),
+    "analyze": (
+        "attnconv.cli.analyze",
+        "attention distance, grid score, maps and explorer of any vision transformer (timm, torchvision, attnconv)",
+    ),
     "explore": (
         "attnconv.cli.explore",
         "write an offline web page to click through the attention of a checkpoint or the shipped models",

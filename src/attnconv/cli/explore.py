@@ -1,5 +1,7 @@
-"""``attnconv explore (CHECKPOINT | --pretrained NAME|all) --out SITE_DIR``: the interactive attention
-explorer, a static site (one page, a model switcher when it holds several models)."""
+"""``attnconv explore (CHECKPOINT | --pretrained NAME|all) [--add DIR ...] --out SITE_DIR``: the
+interactive attention explorer, a static site (one page, a model switcher when it holds several
+models). ``--add`` puts the models of ``attnconv analyze`` folders (timm and torchvision vision
+transformers among them) on the same page."""
 
 from __future__ import annotations
 
@@ -20,6 +22,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="NAME",
         help="instead of a checkpoint, a model shipped with attnconv, or 'all' for every shipped "
         "model with attention on one page (offline: the shipped test images are used)",
+    )
+    parser.add_argument(
+        "--add",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="also show the model of an `attnconv analyze` output folder (or of any explorer "
+        "site); repeatable",
     )
     parser.add_argument("--out", required=True, help="folder for the site (open its index.html)")
     parser.add_argument(
@@ -132,11 +142,41 @@ def pretrained_entries(args: argparse.Namespace) -> tuple[list, dict[str, str]]:
     return entries, skipped
 
 
+def added_entries(folders: list[str]) -> list:
+    """The models of ``attnconv analyze`` folders (their ``explorer/`` site) or explorer sites."""
+    from pathlib import Path
+
+    from attnconv.viz.export import read_site
+
+    entries = []
+    for folder in folders:
+        site = Path(folder) / "explorer"
+        entries += read_site(site if (site / "data.js").is_file() else folder)
+    return entries
+
+
 def run(args: argparse.Namespace) -> int:
     from attnconv.viz.export import make_server, site_size, write_explorer
 
-    if (args.checkpoint is None) == (args.pretrained is None):
-        raise UserError("give a checkpoint or --pretrained NAME (or all), not both or neither")
+    if args.checkpoint is not None and args.pretrained is not None:
+        raise UserError("give a checkpoint or --pretrained NAME (or all), not both")
+    if args.checkpoint is None and args.pretrained is None:
+        if not args.add:
+            raise UserError("give a checkpoint or --pretrained NAME (or all), or only --add DIR")
+        given = [
+            option
+            for option, value in (
+                ("--images", args.images),
+                ("--data-dir", args.data_dir),
+                ("--weights-dir", args.weights_dir),
+            )
+            if value is not None
+        ]
+        if given:
+            raise UserError(
+                f"{', '.join(given)}: for a checkpoint or --pretrained; the models of --add "
+                f"come with their own images"
+            )
     if args.images is not None and args.images < 1:
         raise UserError(f"--images must be at least 1, got {args.images}")
     if args.pretrained is not None and args.data_dir is not None:
@@ -149,9 +189,13 @@ def run(args: argparse.Namespace) -> int:
     if args.pretrained is not None:
         entries, skipped = pretrained_entries(args)
         title = "attnconv explorer: shipped models"
-    else:
+    elif args.checkpoint is not None:
         entries, skipped = checkpoint_entries(args)
         title = f"attnconv explorer: {entries[0].name}"
+    else:
+        entries, skipped = [], {}
+        title = "attnconv explorer: " + ", ".join(args.add)
+    entries += added_entries(args.add)
     write_explorer(entries, args.out, title=title, skipped=skipped)
     for name, reason in skipped.items():
         print(f"left out {name}: {reason}")

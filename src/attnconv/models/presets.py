@@ -21,6 +21,7 @@ from attnconv.data.statistics import DIGITS_MEAN, DIGITS_STD, FASHION_MNIST_MEAN
 from attnconv.errors import UserError, warn_deprecated
 from attnconv.models.resnet import ResNet
 from attnconv.models.transformer import ImageTransformer
+from attnconv.models.vit import VisionTransformer
 
 SCHEDULES = ("cosine", "step")
 
@@ -68,7 +69,11 @@ def Recipe(**fields: Any) -> dict[str, Any]:
     return dict(fields)
 
 
-MODELS: dict[str, type[nn.Module]] = {"image_transformer": ImageTransformer, "resnet18": ResNet}
+MODELS: dict[str, type[nn.Module]] = {
+    "image_transformer": ImageTransformer,
+    "resnet18": ResNet,
+    "vision_transformer": VisionTransformer,
+}
 
 _GENERALIZED = {"positional": "gaussian_full"}
 
@@ -225,6 +230,33 @@ PRESETS: dict[str, Preset] = {
                 "warmup_fraction": 0.0,
                 "milestones": (20, 30, 50),
             },
+            dataset="fashion-mnist",
+        ),
+        # vit-fashion: a plain ViT (models/vit.py) at the Fashion transformers' width, depth, heads
+        # and feed-forward, with 2×2 patches (the same 14×14 grid), learned absolute position
+        # embeddings, content-only attention with 16-wide heads (as learned-content-fashion's
+        # queries and keys), and their recipe.
+        Preset(
+            "vit-fashion",
+            "plain ViT: 2×2 patches, learned absolute positions, content attention, Fashion-MNIST",
+            "vision_transformer",
+            {
+                **_FASHION_IMAGES,
+                **{
+                    key: _FASHION_TRANSFORMER[key]
+                    for key in (
+                        "hidden",
+                        "depth",
+                        "heads",
+                        "mlp_dim",
+                        "dropout",
+                        "attention_dropout",
+                    )
+                },
+                "patch_size": 2,
+                "head_dim": 16,
+            },
+            dict(_FASHION_RECIPE),
             dataset="fashion-mnist",
         ),
     )

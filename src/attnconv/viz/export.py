@@ -24,6 +24,11 @@ local files under ``file://`` but run ``<script>``s:
 * ``models/I/average.js`` (models with content scores): the probabilities averaged over the
   ``average_images`` ``(heads, N, N)`` quantised, per layer.
 
+A model whose attention was recorded from a network attnconv did not build (``attnconv.analysis``:
+timm and torchvision vision transformers) is a model with content scores whose content logits are
+the recorded log-probabilities, and no positional term (``recorded_explorer_data``). ``read_site``
+reads a written site's models back, to put them on another page (``attnconv explore --add``).
+
 Every data file assigns its object to ``window.ATTNCONV_FILES[PATH]``, its path from the site
 root. Arrays are base64 of little-endian bytes. "Quantised" arrays are ``uint16`` codes with a
 ``float32`` offset and step per last-axis row: ``value = lo + code · step`` (error ≤ step / 2, the
@@ -33,6 +38,7 @@ row's range / 131070).
 from __future__ import annotations
 
 import base64
+import copy
 import functools
 import http.server
 import json
@@ -210,7 +216,9 @@ def model_score_terms(model: nn.Module, images: Tensor) -> list[ScoreTerms]:
 def content_payload(term: ScoreTerms, index: int) -> dict[str, Any]:
     """The content logits of image ``index``: float32 ``q/√d`` and ``k`` (``{"type": "factors",
     "dim", "query", "key"}``) when 2 × 4 bytes × d per token is less than the 2 bytes × N of a
-    quantised row, else quantised ``(heads, N, N)``."""
+    quantised row, else (or without ``q`` and ``k``) quantised ``(heads, N, N)``."""
+    if term.key is None:
+        return quantize(term.content[index])
     heads, n, dim = term.key.shape[1:]
     if 8 * dim >= 2 * n:
         return quantize(term.content[index])
@@ -337,18 +345,77 @@ def explorer_data(
     ]
     if average_images is not None:
         _check_images(average_images, image_size, "average_images must be")
-        count = average_images.shape[0]
         probs = compute_attention(model, image_size, average_images).probs
+        entry, payload = _average_entry(average_images, probs)
+        data["images"].append(entry)
+        files.append(payload)
+    return data, files
+
+
+def _average_entry(images: Tensor, probs: Sequence[Tensor]) -> tuple[dict, dict]:
+    """The image entry and the file (``average.js``) of probabilities ``(heads, N, N)`` per layer
+    averaged over ``images`` ``(B, C, H, W)``."""
+    count = images.shape[0]
+    entry = {
+        "label": f"average over {count} test image{'s' if count > 1 else ''}",
+        "channels": int(images.shape[1]),
+        "pixels": _pixels(images.mean(dim=0)),
+        "file": "average.js",
+        "average": count,
+    }
+    return entry, {"average": [quantize(p) for p in probs]}
+
+
+def recorded_explorer_data(
+    image_probs: Sequence[Sequence[Tensor]],
+    grid: tuple[int, int],
+    stem: int,
+    images: Tensor,
+    labels: Sequence[str],
+    average_probs: Sequence[Tensor],
+    average_images: Tensor,
+    meta: dict[str, Any] | None = None,
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The data of a model whose attention probabilities were recorded, not computed by attnconv's
+    layers (``attnconv.analysis``), as ``(model.js object, [image file objects])``.
+
+    It is a model with content scores whose per-image content logits are the log-probabilities
+    (their softmax gives the probabilities back, up to quantisation; the page's logit view shows
+    log-probabilities) and no positional term. ``image_probs``: per image of ``images``
+    ``(K, C, H, W)`` in ``[0, 1]`` (with ``labels``), per layer ``(heads, N, N)`` on ``grid``;
+    ``average_probs``: per layer, their mean over ``average_images``.
+    """
+    if len(image_probs) != images.shape[0] or len(labels) != images.shape[0]:
+        raise ValueError(
+            f"got {len(image_probs)} attention sets and {len(labels)} labels for "
+            f"{images.shape[0]} images"
+        )
+    tiny = torch.finfo(torch.float32).tiny  # log of a probability that underflowed to zero
+    data: dict[str, Any] = {
+        "meta": meta or {},
+        "grid": list(grid),
+        "stem": int(stem),
+        "image_size": [int(images.shape[2]), int(images.shape[3])],
+        "heads": [int(p.shape[0]) for p in average_probs],
+        "images": [],
+        "kind": "content",
+        "terms": {"content": True, "position": False},
+    }
+    files = []
+    for index, layers in enumerate(image_probs):
         data["images"].append(
             {
-                "label": f"average over {count} test image{'s' if count > 1 else ''}",
-                "channels": int(average_images.shape[1]),
-                "pixels": _pixels(average_images.mean(dim=0)),
-                "file": "average.js",
-                "average": count,
+                "label": labels[index],
+                "channels": int(images.shape[1]),
+                "pixels": _pixels(images[index]),
+                "file": f"image_{index:03d}.js",
             }
         )
-        files.append({"average": [quantize(p) for p in probs]})
+        terms = [ScoreTerms(p.double().clamp_min(tiny).log()[None]) for p in layers]
+        files.append(image_payload(terms, 0))
+    entry, payload = _average_entry(average_images, average_probs)
+    data["images"].append(entry)
+    files.append(payload)
     return data, files
 
 
@@ -368,8 +435,23 @@ class SiteModel:
     average_images: Tensor | None = None
 
 
+@dataclass
+class PreparedModel:
+    """One model of an explorer site whose data is already in the site's format: ``data`` (the
+    ``model.js`` object, image files named relative to the model's folder) and ``files`` (one
+    object per image entry with a ``file``, in order); from ``recorded_explorer_data`` or
+    ``read_site``."""
+
+    name: str
+    data: dict[str, Any]
+    files: list[dict[str, Any]]
+    description: str = ""
+    dataset: str | None = None
+    test_accuracy: float | None = None
+
+
 def write_explorer(
-    models: Sequence[SiteModel],
+    models: Sequence[SiteModel | PreparedModel],
     out_dir: str | Path,
     title: str = "attnconv explorer",
     skipped: dict[str, str] | None = None,
@@ -396,14 +478,17 @@ def write_explorer(
         "skipped": [{"name": name, "reason": why} for name, why in (skipped or {}).items()],
     }
     for number, entry in enumerate(models):
-        data, files = explorer_data(
-            entry.model,
-            entry.image_size,
-            entry.images,
-            entry.labels,
-            entry.meta,
-            entry.average_images,
-        )
+        if isinstance(entry, PreparedModel):
+            data, files = copy.deepcopy(entry.data), entry.files
+        else:
+            data, files = explorer_data(
+                entry.model,
+                entry.image_size,
+                entry.images,
+                entry.labels,
+                entry.meta,
+                entry.average_images,
+            )
         folder = f"models/{number}"
         (out / folder).mkdir(parents=True, exist_ok=True)
         data["name"] = entry.name
@@ -461,6 +546,39 @@ def read_data(path: str | Path) -> dict[str, Any]:
     """The object a site's data file (``data.js`` or one under ``models/``) assigns."""
     text = Path(path).read_text()
     return json.loads(text[text.index("= ") + 2 : text.rindex(";")])
+
+
+def read_site(site_dir: str | Path) -> list[PreparedModel]:
+    """The models of an explorer site written by ``write_explorer``, to put on another page.
+    UserError if ``site_dir`` holds no such site."""
+    root = Path(site_dir)
+    if not (root / "data.js").is_file():
+        raise UserError(f"{str(root)!r} is not an explorer site (it has no data.js)")
+    manifest = read_data(root / "data.js")
+    if manifest.get("format") != FORMAT or manifest.get("version") != VERSION:
+        raise UserError(
+            f"{root / 'data.js'} is not a version-{VERSION} {FORMAT} site; write it again with "
+            f"this attnconv"
+        )
+    models = []
+    for info in manifest["models"]:
+        data = read_data(root / info["file"])
+        files = []
+        for image in data["images"]:
+            if "file" in image:
+                files.append(read_data(root / image["file"]))
+                image["file"] = Path(image["file"]).name
+        models.append(
+            PreparedModel(
+                info["name"],
+                data,
+                files,
+                info["description"],
+                info["dataset"],
+                info["test_accuracy"],
+            )
+        )
+    return models
 
 
 def site_size(out_dir: str | Path) -> int:

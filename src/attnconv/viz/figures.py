@@ -157,7 +157,6 @@ def plot_model(
         raise UserError(f"{name} is a {type(model).__name__}, which has no attention")
     image_size = tuple(model.image_size)
     out = Path(out_dir)
-    files: list[Path] = []
     if is_position_only(model):
         maps = averaged = compute_attention(model, image_size)
         image = None
@@ -170,19 +169,7 @@ def plot_model(
         maps = compute_attention(model, image_size, image[None])
         maps.description = labels[image_index]
         averaged = compute_attention(model, image_size, images[:num_images])
-        files += save_figure(map_grid_figure(averaged, query, window), out, "maps_average")
-    files += save_figure(contour_figure(maps, query), out, "contours")
-    files += save_figure(map_grid_figure(maps, query, window, image=image), out, "maps")
-    distances = layer_distances(averaged)
-    files += save_figure(
-        distance_figure(
-            distances,
-            stem=averaged.stem,
-            title=f"Attention distance per head ({name}, {averaged.description})",
-        ),
-        out,
-        "distance",
-    )
+    files, distances = attention_figures(maps, averaged, out, name, image, query, window)
     not_drawn = []
     if is_gaussian(model) and run is not None:
         if run.epoch_checkpoints():
@@ -194,8 +181,41 @@ def plot_model(
                 "checkpoint_every=1 to keep the centres of every epoch"
             )
     rows = add_distances(_head_rows(model), distances)
-    files.append(_write_csv(rows, out / "heads.csv"))
+    files.append(write_csv(rows, out / "heads.csv"))
     return PlotResult(files, rows, format_head_table(rows), averaged, not_drawn)
+
+
+def attention_figures(
+    maps: AttentionMaps,
+    averaged: AttentionMaps,
+    out_dir: str | Path,
+    name: str,
+    image: Tensor | None = None,
+    query: tuple[int, int] | None = None,
+    window: int | None = None,
+) -> tuple[list[Path], list[Tensor]]:
+    """The attention figures of ``plot_model`` from attention already computed, PNG and PDF:
+    ``maps_average`` (of ``averaged``, when it is not ``maps`` itself), ``contours`` and ``maps``
+    (of ``maps``, with ``image`` ``(C, H, W)`` beside them when given), ``distance`` (of
+    ``averaged``; ``name`` goes into its title). Returns the files and each layer's ``(heads,)``
+    attention distances in tokens."""
+    out = Path(out_dir)
+    files: list[Path] = []
+    if averaged is not maps:
+        files += save_figure(map_grid_figure(averaged, query, window), out, "maps_average")
+    files += save_figure(contour_figure(maps, query), out, "contours")
+    files += save_figure(map_grid_figure(maps, query, window, image=image), out, "maps")
+    distances = layer_distances(averaged)
+    files += save_figure(
+        distance_figure(
+            distances,
+            stem=averaged.stem,
+            title=f"Attention distance per head\n{name}, {averaged.description}",
+        ),
+        out,
+        "distance",
+    )
+    return files, distances
 
 
 def plot_pretrained(
@@ -236,7 +256,8 @@ def _head_rows(model: nn.Module) -> list[dict[str, Any]]:
     return head_table(model)
 
 
-def _write_csv(rows: list[dict[str, Any]], path: Path) -> Path:
+def write_csv(rows: list[dict[str, Any]], path: Path) -> Path:
+    """``rows`` (dicts with the same keys, the first row's order) as a CSV file with a header."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=list(rows[0]))

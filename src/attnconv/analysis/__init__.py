@@ -1,0 +1,25 @@
+"""Any vision transformer under attnconv's measures: attention recorded from timm and torchvision
+models (``record_attention``), attention distance in patches and pixels, grid score, maps,
+contours, ``heads.csv`` and the explorer (``analyze``, the ``attnconv analyze`` command).
+
+Names are loaded on first use, so importing ``attnconv.analysis`` does not import matplotlib.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "FAMILIES": "record",
+    "Recording": "record",
+    "record_attention": "record",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'attnconv.analysis' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"attnconv.analysis.{_EXPORTS[name]}"), name)

@@ -1,0 +1,213 @@
+"""``analyze_third_party`` / ``analyze_attnconv``: every measure and figure of one model into a
+folder (the ``attnconv analyze`` command).
+
+    OUT/heads.csv      one row per layer and head: attention distance (patches, pixels), attention
+                       to the class/register tokens, the head's tap in the layer's grid score
+                       (attnconv's Gaussian models add their head table)
+    OUT/layers.csv     one row per layer: mean distance, grid score and coverage
+    OUT/distance.*     attention distance against depth, one dot per head (ViT paper, Figure 7)
+    OUT/maps.*, OUT/contours.*   every head's attention from the query patch on the first image;
+                       OUT/maps_average.* the same averaged over all images
+    OUT/explorer/      the interactive page of this model (``attnconv explore --add OUT`` puts it
+                       beside the shipped models)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from torch import Tensor, nn
+
+from attnconv.analysis.images import load_images
+from attnconv.analysis.measures import (
+    excluded_tokens,
+    format_layer_table,
+    head_rows,
+    layer_rows,
+    measure_patch_attention,
+)
+from attnconv.analysis.third_party import ThirdPartyModel
+from attnconv.viz.export import PreparedModel, SiteModel, recorded_explorer_data, write_explorer
+from attnconv.viz.figures import attention_figures, is_gaussian, write_csv
+from attnconv.viz.maps import AttentionMaps, compute_attention, is_position_only
+
+EXPLORER = "explorer"
+
+
+@dataclass
+class Analysis:
+    """What ``analyze_*`` wrote: the files, the head and layer tables, and a short summary."""
+
+    files: list[Path]
+    heads: list[dict[str, Any]]
+    layers: list[dict[str, Any]]
+    summary: str
+
+
+def _write_tables(
+    out: Path,
+    average: AttentionMaps,
+    prefix_attention: list[Tensor] | None,
+    rows: list[dict[str, Any]] | None = None,
+) -> tuple[list[Path], list[dict[str, Any]], list[dict[str, Any]]]:
+    heads = head_rows(average, prefix_attention, rows)
+    layers = layer_rows(average, prefix_attention)
+    return (
+        [write_csv(heads, out / "heads.csv"), write_csv(layers, out / "layers.csv")],
+        heads,
+        layers,
+    )
+
+
+def _summary(
+    header: list[str], layers: list[dict[str, Any]], prefix: bool, files: list[Path]
+) -> str:
+    kernels = sorted({row["grid_kernel"] for row in layers})
+    kernel = f"{kernels[0]}x{kernels[0]}" if len(kernels) == 1 else "KxK (K per layer: layers.csv)"
+    return "\n".join(
+        [
+            *header,
+            f"grid score: how close the heads of a layer come to the taps of a {kernel} "
+            f"convolution (1: one one-hot head on each tap)",
+            format_layer_table(layers, prefix),
+            f"wrote {len(files)} files to {files[0].parent}",
+        ]
+    )
+
+
+def analyze_third_party(
+    loaded: ThirdPartyModel,
+    out: str | Path,
+    images: str | None = None,
+    num_images: int = 16,
+    explore_images: int = 4,
+    data_dir: str | None = None,
+    query: tuple[int, int] | None = None,
+    window: int | None = None,
+) -> Analysis:
+    """Record ``loaded``'s attention on ``num_images`` images (``images``: a folder, a dataset, or
+    None for the shipped test images; see ``load_images``) and write everything into ``out``
+    (module docstring); the explorer holds the first ``explore_images`` images (0: no explorer)
+    and the average over all of them."""
+    out = Path(out)
+    pixels, labels, origin = load_images(
+        images, num_images, loaded.image_size, loaded.in_channels, data_dir
+    )
+    measured = measure_patch_attention(
+        loaded.model, loaded.normalize(pixels), labels, keep=max(1, explore_images)
+    )
+    average = measured.average
+    name = f"{loaded.name}, {'random weights' if loaded.weights == 'random' else loaded.weights}"
+    files, _ = attention_figures(
+        measured.per_image[0], average, out, name, pixels[0], query, window
+    )
+    tables, heads, layers = _write_tables(out, average, measured.prefix_attention)
+    files += tables
+    excluded = excluded_tokens(measured.prefix_tokens)
+    if explore_images > 0:
+        shown = min(explore_images, len(labels))
+        meta = {
+            "weights": loaded.weights,
+            "scores": "the recorded probabilities (logit views: their logarithm)",
+        }
+        if excluded:
+            meta["patches only"] = f"{excluded}, rows renormalised over the patches"
+        data, payloads = recorded_explorer_data(
+            [maps.probs for maps in measured.per_image[:shown]],
+            average.grid,
+            average.stem,
+            pixels[:shown],
+            labels[:shown],
+            average.probs,
+            pixels,
+            meta,
+        )
+        files += write_explorer(
+            [PreparedModel(loaded.name, data, payloads, f"{loaded.name} ({loaded.weights})")],
+            out / EXPLORER,
+            title=f"attnconv explorer: {loaded.name}",
+        )
+    h, w = average.grid
+    header = [
+        f"{name}: {len(layers)} layers, {max(r['heads'] for r in layers)} heads, {h}x{w} patches "
+        f"of {average.stem}x{average.stem} pixels ({loaded.image_size[0]}x{loaded.image_size[1]} "
+        f"input)",
+        f"images: {origin}",
+        "attention distance: the ViT paper's (Figure 7), attention-weighted distance between "
+        "query and key patches, mean over queries and images"
+        + (f"; {excluded} (rows renormalised over the patches)" if excluded else ""),
+    ]
+    return Analysis(files, heads, layers, _summary(header, layers, bool(excluded), files))
+
+
+def analyze_attnconv(
+    model: nn.Module,
+    name: str,
+    out: str | Path,
+    dataset: str,
+    images: str | None = None,
+    num_images: int = 16,
+    explore_images: int = 4,
+    data_dir: str | None = None,
+    query: tuple[int, int] | None = None,
+    window: int | None = None,
+    description: str = "",
+    test_accuracy: float | None = None,
+) -> Analysis:
+    """The same for one of attnconv's own models (``attention_layers()``), its attention computed
+    by ``compute_attention``. Position-only models need no images; models with content scores
+    use ``images`` (default: the test images of ``dataset`` shipped with attnconv, else its test
+    split)."""
+    from attnconv.models.heads import head_table
+    from attnconv.models.pretrained import PretrainedError
+
+    out = Path(out)
+    size = tuple(model.image_size)
+    pixels = labels = None
+    if is_position_only(model):
+        average = single = compute_attention(model, size)
+        origin = "none needed (position-only attention: the same for every image)"
+    else:
+        try:
+            pixels, labels, origin = load_images(
+                images, num_images, size, model.in_channels, data_dir, shipped=dataset
+            )
+        except PretrainedError:  # no shipped test images of this dataset: its test split
+            pixels, labels, origin = load_images(
+                dataset, num_images, size, model.in_channels, data_dir
+            )
+        single = compute_attention(model, size, pixels[:1])
+        single.description = labels[0]
+        average = compute_attention(model, size, pixels)
+    files, _ = attention_figures(
+        single, average, out, name, None if pixels is None else pixels[0], query, window
+    )
+    tables, heads, layers = _write_tables(
+        out, average, None, head_table(model) if is_gaussian(model) else None
+    )
+    files += tables
+    if explore_images > 0:
+        shown = None if pixels is None else slice(0, explore_images)
+        entry = SiteModel(
+            name,
+            model,
+            size,
+            description,
+            dataset=dataset,
+            test_accuracy=test_accuracy,
+            images=None if shown is None else pixels[shown],
+            labels=None if shown is None else labels[shown],
+            average_images=pixels,
+        )
+        files += write_explorer([entry], out / EXPLORER, title=f"attnconv explorer: {name}")
+    h, w = average.grid
+    header = [
+        f"{name}: {len(layers)} layers, {max(r['heads'] for r in layers)} heads, {h}x{w} tokens "
+        f"of {average.stem}x{average.stem} pixels ({size[0]}x{size[1]} input)",
+        f"images: {origin}",
+        "attention distance: attention-weighted distance between query and key tokens, mean over "
+        "queries" + ("" if pixels is None else " and images"),
+    ]
+    return Analysis(files, heads, layers, _summary(header, layers, False, files))

@@ -1,0 +1,249 @@
+"""Vision transformers of timm and torchvision: importing them next to a CPU torch, building one by
+name, with local weights or random ones, and what it expects as input.
+
+Nothing is downloaded: weights come from a local file (safetensors, or a ``torch.save``d state
+dict, optionally under a ``"model"`` or ``"state_dict"`` key), or the model keeps its random
+initialisation.
+
+**torchvision next to a CPU torch.** PyPI's torchvision wheel for Linux is built against PyPI's
+CUDA torch. Beside the CPU torch that attnconv installs, its compiled extension (``_C``: detection
+operators such as ``nms``) does not load; torchvision carries on without it, then fails at import
+when it registers a shape function for ``torchvision::nms``, an operator that does not exist
+(``RuntimeError: operator torchvision::nms does not exist``); timm imports torchvision and fails
+with it. ``import_torchvision`` first loads the extension as torchvision itself does; only where
+that fails does it define the two operator schemas that import needs (``torchvision::nms`` and
+``torchvision::qnms``, no kernels), after which torchvision's pure-Python models (every vision
+transformer attnconv analyses) work. The alternative, PyPI's CUDA torch, works too but makes a
+~5 GB environment for a CPU-only project; the matching CPU torchvision from PyTorch's own index
+needs no schemas and is used as it is.
+"""
+
+from __future__ import annotations
+
+import importlib.machinery
+import importlib.util
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import torch
+from torch import nn
+
+from attnconv.errors import UserError
+
+# The schemas torchvision's import registers shape functions for (torchvision/_meta_registrations.py).
+TORCHVISION_SCHEMAS: dict[str, str] = {
+    "torchvision::nms": "(Tensor dets, Tensor scores, float iou_threshold) -> Tensor",
+    "torchvision::qnms": "(Tensor dets, Tensor scores, float iou_threshold) -> Tensor",
+}
+# torchvision's vision transformers were trained on ImageNet normalised with these.
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+INSTALL_HINT = "install the dev extra (pip install -e '.[dev]') or timm and torchvision"
+
+
+def _extension_loads(package_dir: Path) -> bool:
+    """Whether torchvision's compiled extension ``_C`` loads into this torch (as torchvision's own
+    ``extension._load_library`` loads it)."""
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        path = package_dir / f"_C{suffix}"
+        if path.is_file():
+            try:
+                torch.ops.load_library(str(path))
+            except OSError:
+                return False
+            return True
+    return False
+
+
+def import_torchvision() -> ModuleType:
+    """``import torchvision``, also where its compiled extension does not fit the installed torch
+    (module docstring). UserError if torchvision is not installed."""
+    if "torchvision" not in sys.modules:
+        spec = importlib.util.find_spec("torchvision")
+        if spec is None or spec.origin is None:
+            raise UserError(f"torchvision is not installed: {INSTALL_HINT}")
+        if not _extension_loads(Path(spec.origin).parent):
+            for name, schema in TORCHVISION_SCHEMAS.items():
+                namespace, op = name.split("::")
+                if not hasattr(getattr(torch.ops, namespace), op):
+                    torch.library.define(name, schema)
+    import torchvision
+
+    return torchvision
+
+
+def import_timm() -> ModuleType:
+    """``import timm`` (which imports torchvision: ``import_torchvision`` first). UserError if timm
+    is not installed."""
+    if importlib.util.find_spec("timm") is None:
+        raise UserError(f"timm is not installed: {INSTALL_HINT}")
+    import_torchvision()
+    import timm
+
+    return timm
+
+
+@dataclass
+class ThirdPartyModel:
+    """A timm or torchvision model and what it takes as input.
+
+    Attributes:
+        model: the module, in eval mode.
+        name: ``"timm:NAME"`` or ``"torchvision:NAME"``.
+        weights: the weights file's name, or ``"random"``.
+        image_size: the input ``(H, W)`` it is built for.
+        mean, std: per-channel normalisation of its input, on the ``[0, 1]`` scale.
+    """
+
+    model: nn.Module
+    name: str
+    weights: str
+    image_size: tuple[int, int]
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+
+    @property
+    def in_channels(self) -> int:
+        return len(self.mean)
+
+    def normalize(self, images: torch.Tensor) -> torch.Tensor:
+        """Images ``(B, C, H, W)`` in ``[0, 1]`` as the model takes them: ``(x − mean) / std``."""
+        mean = torch.tensor(self.mean, dtype=images.dtype).view(-1, 1, 1)
+        std = torch.tensor(self.std, dtype=images.dtype).view(-1, 1, 1)
+        return (images - mean) / std
+
+
+def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
+    """The tensors of a weights file: ``.safetensors``, or a ``torch.save``d state dict (or a dict
+    holding one under ``"model"`` or ``"state_dict"``), read without running code."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"weights file {str(path)!r} does not exist")
+    if path.suffix == ".safetensors":
+        from safetensors import SafetensorError
+        from safetensors.torch import load_file
+
+        try:
+            return load_file(str(path))
+        except SafetensorError as err:
+            raise UserError(f"{path} is not a readable safetensors file ({err})") from err
+    try:
+        loaded = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # pickle errors of every kind: a file we cannot use
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise UserError(
+            f"{path} is not a state dict torch can load without running code ({first})"
+        ) from err
+    for key in ("model", "state_dict"):
+        if isinstance(loaded, dict) and isinstance(loaded.get(key), dict):
+            loaded = loaded[key]
+    if not isinstance(loaded, dict) or not all(
+        isinstance(v, torch.Tensor) for v in loaded.values()
+    ):
+        raise UserError(f"{path} holds no state dict (a mapping of names to tensors)")
+    return loaded
+
+
+def load_into(model: nn.Module, state: dict[str, torch.Tensor], name: str, path: Path) -> None:
+    """``model.load_state_dict(state)`` with a one-line UserError when they do not fit."""
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as err:
+        lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+        detail = "; ".join(lines[1:4]) if len(lines) > 1 else lines[0]
+        raise UserError(f"{path.name} does not fit {name}: {detail}") from err
+
+
+def _size_pair(size: int | Sequence[int]) -> tuple[int, int]:
+    if isinstance(size, int):
+        return size, size
+    return int(size[0]), int(size[1])
+
+
+def build_timm(
+    name: str, weights: str | Path | None, image_size: int | None = None
+) -> ThirdPartyModel:
+    """timm's model ``name`` (``timm.create_model``), with the weights of a local file (loaded by
+    timm's own loader, which adapts checkpoints of the original repositories and resamples
+    position embeddings to ``image_size``) or random ones."""
+    timm = import_timm()
+    if not timm.is_model(name):
+        raise UserError(f"timm has no model {name!r} (timm.list_models() names them)")
+    kwargs: dict[str, Any] = {} if image_size is None else {"img_size": image_size}
+    if weights is None:
+        model = timm.create_model(name, pretrained=False, **kwargs)
+    else:
+        path = Path(weights)
+        if not path.is_file():
+            raise UserError(f"weights file {str(path)!r} does not exist")
+        try:
+            model = timm.create_model(
+                name, pretrained=True, pretrained_cfg_overlay={"file": str(path)}, **kwargs
+            )
+        except RuntimeError as err:
+            lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+            raise UserError(
+                f"{path.name} does not fit timm:{name}: {'; '.join(lines[:3])}"
+            ) from err
+    config = timm.data.resolve_data_config({}, model=model)
+    patch_embed = getattr(model, "patch_embed", None)
+    size = getattr(patch_embed, "img_size", None) or config["input_size"][1:]
+    return ThirdPartyModel(
+        model.eval(),
+        f"timm:{name}",
+        "random" if weights is None else Path(weights).name,
+        _size_pair(size),
+        tuple(float(v) for v in config["mean"]),
+        tuple(float(v) for v in config["std"]),
+    )
+
+
+def build_torchvision(
+    name: str, weights: str | Path | None, image_size: int | None = None
+) -> ThirdPartyModel:
+    """torchvision's model ``name`` (``torchvision.models.get_model``, built for ``image_size``
+    when given), with the weights of a local file or random ones; the classifier is sized from
+    the file's ``heads.head.weight`` when it has one."""
+    torchvision = import_torchvision()
+    if name not in torchvision.models.list_models():
+        raise UserError(
+            f"torchvision has no model {name!r} (torchvision.models.list_models() names them)"
+        )
+    kwargs: dict[str, Any] = {} if image_size is None else {"image_size": image_size}
+    state = None
+    if weights is not None:
+        state = read_state_dict(weights)
+        if "heads.head.weight" in state:
+            kwargs["num_classes"] = int(state["heads.head.weight"].shape[0])
+    model = torchvision.models.get_model(name, weights=None, **kwargs)
+    if state is not None:
+        load_into(model, state, f"torchvision:{name}", Path(weights))
+    size = getattr(model, "image_size", None)
+    if size is None:
+        raise UserError(f"torchvision:{name} is not a vision transformer (no image_size)")
+    return ThirdPartyModel(
+        model.eval(),
+        f"torchvision:{name}",
+        "random" if weights is None else Path(weights).name,
+        _size_pair(size),
+        IMAGENET_MEAN,
+        IMAGENET_STD,
+    )
+
+
+LIBRARIES = {"timm": build_timm, "torchvision": build_torchvision}
+
+
+def build_third_party(
+    spec: str, weights: str | Path | None, image_size: int | None = None
+) -> ThirdPartyModel:
+    """The model named ``spec`` = ``"timm:NAME"`` or ``"torchvision:NAME"`` (see ``build_timm``,
+    ``build_torchvision``); ``weights=None`` keeps the random initialisation."""
+    library, _, name = spec.partition(":")
+    if library not in LIBRARIES or not name:
+        raise UserError(f"expected timm:NAME or torchvision:NAME, got {spec!r}")
+    return LIBRARIES[library](name, weights, image_size)

@@ -1,0 +1,168 @@
+"""``attnconv analyze MODEL --out DIR``: attention distance (patches and pixels), grid score, maps,
+contours, heads.csv and an explorer page of any vision transformer (``attnconv.analysis``).
+
+MODEL is ``timm:NAME`` or ``torchvision:NAME`` (with ``--weights FILE`` or ``--random``), a preset
+name (its random initialisation), a checkpoint file or run folder; or ``--pretrained NAME``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from attnconv.errors import UserError
+
+LIBRARIES = ("timm:", "torchvision:")
+NUM_IMAGES = 16
+EXPLORE_IMAGES = 4
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "model",
+        nargs="?",
+        metavar="MODEL",
+        help="timm:NAME or torchvision:NAME (with --weights or --random), a preset name (its "
+        "random initialisation), a checkpoint file or a run folder",
+    )
+    parser.add_argument("--pretrained", metavar="NAME", help="a model shipped with attnconv")
+    parser.add_argument("--out", required=True, help="folder for the tables and figures")
+    parser.add_argument(
+        "--weights",
+        metavar="FILE",
+        help="timm/torchvision: a local .safetensors or torch state-dict file (nothing is "
+        "downloaded)",
+    )
+    parser.add_argument(
+        "--random",
+        action="store_true",
+        help="timm/torchvision: keep the random initialisation (the architecture alone)",
+    )
+    parser.add_argument(
+        "--image-size",
+        type=int,
+        metavar="N",
+        help="timm/torchvision: build the model for NxN inputs (default: its own input size)",
+    )
+    parser.add_argument(
+        "--images",
+        metavar="DIR|DATASET",
+        help="a folder of image files or a dataset name (its test split), scaled to the model's "
+        "input (default: the test images shipped with attnconv; for a checkpoint its dataset)",
+    )
+    parser.add_argument(
+        "--num-images",
+        type=int,
+        default=NUM_IMAGES,
+        help=f"images to average over (default: {NUM_IMAGES})",
+    )
+    parser.add_argument(
+        "--explore-images",
+        type=int,
+        default=EXPLORE_IMAGES,
+        help=f"images on the explorer page written to OUT/explorer (default: {EXPLORE_IMAGES}; "
+        "0: no page)",
+    )
+    parser.add_argument(
+        "--query",
+        type=int,
+        nargs=2,
+        metavar=("ROW", "COL"),
+        help="query patch of the maps and contours (default: the centre of the grid)",
+    )
+    parser.add_argument(
+        "--window", type=int, help="zoom the maps to this many patches around the query"
+    )
+    parser.add_argument("--data-dir", help="dataset folder (default: attnconv's data folder)")
+
+
+def _third_party(args: argparse.Namespace):
+    from attnconv.analysis.analyze import analyze_third_party
+    from attnconv.analysis.third_party import build_third_party
+
+    if (args.weights is None) == (not args.random):
+        raise UserError(f"{args.model}: give --weights FILE or --random (one of them)")
+    if args.image_size is not None and args.image_size < 1:
+        raise UserError(f"--image-size must be positive, got {args.image_size}")
+    loaded = build_third_party(args.model, args.weights, args.image_size)
+    return analyze_third_party(
+        loaded,
+        args.out,
+        args.images,
+        args.num_images,
+        args.explore_images,
+        args.data_dir,
+        args.query,
+        args.window,
+    )
+
+
+def _attnconv(args: argparse.Namespace):
+    from attnconv.analysis.analyze import analyze_attnconv
+    from attnconv.models import PRESETS, create_model
+    from attnconv.models.checkpoint import load_model
+    from attnconv.models.pretrained import load_pretrained, pretrained_info
+    from attnconv.viz.figures import checkpoint_path
+
+    for option, given in (
+        ("--weights", args.weights is not None),
+        ("--random", args.random),
+        ("--image-size", args.image_size is not None),
+    ):
+        if given:
+            raise UserError(f"{option} is for timm:NAME and torchvision:NAME models")
+    details: dict = {}
+    if args.pretrained is not None:
+        info = pretrained_info(args.pretrained)
+        model = load_pretrained(args.pretrained)
+        name, dataset = f"{info.name} (shipped)", info.dataset
+        details = {"description": info.description, "test_accuracy": info.test_accuracy}
+    elif args.model in PRESETS:
+        preset = PRESETS[args.model]
+        model = create_model(args.model).eval()
+        name, dataset = f"{args.model} (random initialisation)", preset.dataset
+        details = {"description": preset.description}
+    elif Path(args.model).exists():
+        path = checkpoint_path(args.model)
+        model, checkpoint = load_model(path)
+        name = f"{checkpoint['preset']}, epoch {checkpoint.get('epoch', '?')}"
+        dataset = checkpoint["dataset"]
+    else:
+        raise UserError(
+            f"MODEL {args.model!r} is not timm:NAME, torchvision:NAME, a preset "
+            f"({', '.join(PRESETS)}), or an existing checkpoint or run folder"
+        )
+    if not hasattr(model, "attention_layers"):
+        raise UserError(f"{name} is a {type(model).__name__}, which has no attention")
+    return analyze_attnconv(
+        model,
+        name,
+        args.out,
+        dataset,
+        args.images,
+        args.num_images,
+        args.explore_images,
+        args.data_dir,
+        args.query,
+        args.window,
+        **details,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    if (args.model is None) == (args.pretrained is None):
+        raise UserError("give MODEL or --pretrained NAME (one of them)")
+    if args.num_images < 1:
+        raise UserError(f"--num-images must be at least 1, got {args.num_images}")
+    if args.explore_images < 0:
+        raise UserError(f"--explore-images must be >= 0, got {args.explore_images}")
+    if args.window is not None and args.window < 0:
+        raise UserError(f"--window must be a non-negative number of patches, got {args.window}")
+    if args.query is not None:
+        args.query = tuple(args.query)
+    if args.model is not None and args.model.startswith(LIBRARIES):
+        analysis = _third_party(args)
+    else:
+        analysis = _attnconv(args)
+    print(analysis.summary)
+    return 0
