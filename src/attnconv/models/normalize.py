@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 
@@ -51,3 +52,13 @@ def check_images(x: torch.Tensor, in_channels: int, model_name: str) -> None:
             f"{model_name} expects float images in [0, 1], got dtype {x.dtype} "
             f"(convert uint8 images with images.float() / 255)"
         )
+
+
+def space_to_depth(x: torch.Tensor, factor: int) -> torch.Tensor:
+    """The paper's invertible pooling: images ``(B, C, H, W)`` → ``(B, C·factor², H/factor,
+    W/factor)`` (``F.pixel_unshuffle``, which returns an empty batch unchanged; here an empty
+    batch gets the empty output of the right shape, still in the autograd graph)."""
+    batch, channels, height, width = x.shape
+    if batch == 0:
+        return x.reshape(0, channels * factor**2, height // factor, width // factor)
+    return F.pixel_unshuffle(x, factor)

@@ -21,7 +21,7 @@ from torch import nn
 from attnconv.attention import POSITIONAL_SCORES, MultiHeadSelfAttention2d, PositionalScore
 from attnconv.data.statistics import CIFAR10_MEAN, CIFAR10_STD
 from attnconv.models.decay import exempt_names
-from attnconv.models.normalize import Normalize, check_images
+from attnconv.models.normalize import Normalize, check_images, space_to_depth
 
 LAYER_NORM_EPS = 1e-12
 POSITIONAL = (*POSITIONAL_SCORES, None)
@@ -252,12 +252,8 @@ class ImageTransformer(nn.Module):
         rows are queries).
         """
         check_images(x, self.in_channels, "ImageTransformer")
-        h, w = self.token_grid(x.shape[2], x.shape[3])
-        x = self.normalize(x)
-        if x.shape[0] == 0:  # torch's pixel_unshuffle returns an empty batch unchanged
-            x = x.reshape(0, self.in_channels * self.stem**2, h, w)
-        else:
-            x = F.pixel_unshuffle(x, self.stem)
+        self.token_grid(x.shape[2], x.shape[3])
+        x = space_to_depth(self.normalize(x), self.stem)
         x = self.embed(x.permute(0, 2, 3, 1))
         attentions = []
         for block in self.blocks:

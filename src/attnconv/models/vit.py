@@ -27,7 +27,7 @@ from torch import nn
 from attnconv.attention import MultiHeadSelfAttention2d
 from attnconv.data.statistics import CIFAR10_MEAN, CIFAR10_STD
 from attnconv.models.decay import exempt_names
-from attnconv.models.normalize import Normalize, check_images
+from attnconv.models.normalize import Normalize, check_images, space_to_depth
 
 LAYER_NORM_EPS = 1e-6
 POSITION_INIT_STD = 0.02
@@ -206,7 +206,7 @@ class VisionTransformer(nn.Module):
         """
         check_images(x, self.in_channels, "VisionTransformer")
         self.token_grid(x.shape[2], x.shape[3])
-        patches = F.pixel_unshuffle(self.normalize(x), self.patch_size)  # (B, C·p², h, w)
+        patches = space_to_depth(self.normalize(x), self.patch_size)  # (B, C·p², h, w)
         x = self.position(self.embed(patches.permute(0, 2, 3, 1)))  # (B, h, w, hidden)
         attentions = []
         for block in self.blocks:
