@@ -200,6 +200,8 @@ def test_explore_refuses_options_the_added_models_do_not_use(vit_analysis, tmp_p
         (["quick", "--pretrained", "quadratic-fashion"], "give MODEL or --pretrained NAME"),
         (["resnet-fashion"], "resnet-fashion (random initialisation) is a ResNet"),
         (["quick", "--num-images", "0"], "--num-images must be at least 1"),
+        (["quick", "--images", "digits"], "attention is position-only, the same for every image"),
+        (["timm:convit_tiny", "--random", "--data-dir", "d"], "--data-dir is for --images DATASET"),
         (["timm:convit_tiny", "--weights", "missing.safetensors"], "does not exist"),
     ],
 )

@@ -14,6 +14,13 @@ _EXPORTS = {
     "FAMILIES": "record",
     "Recording": "record",
     "record_attention": "record",
+    "patch_attention": "measures",
+    "measure_patch_attention": "measures",
+    "head_rows": "measures",
+    "layer_rows": "measures",
+    "build_third_party": "third_party",
+    "analyze_third_party": "analyze",
+    "analyze_attnconv": "analyze",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -29,6 +29,7 @@ from attnconv.analysis.measures import (
     measure_patch_attention,
 )
 from attnconv.analysis.third_party import ThirdPartyModel
+from attnconv.errors import UserError
 from attnconv.viz.export import PreparedModel, SiteModel, recorded_explorer_data, write_explorer
 from attnconv.viz.figures import attention_figures, is_gaussian, write_csv
 from attnconv.viz.maps import AttentionMaps, compute_attention, is_position_only
@@ -167,6 +168,11 @@ def analyze_attnconv(
     size = tuple(model.image_size)
     pixels = labels = None
     if is_position_only(model):
+        if images is not None:
+            raise UserError(
+                f"{name}'s attention is position-only, the same for every image: leave the "
+                f"images out"
+            )
         average = single = compute_attention(model, size)
         origin = "none needed (position-only attention: the same for every image)"
     else:

@@ -82,6 +82,8 @@ def _third_party(args: argparse.Namespace):
 
     if (args.weights is None) == (not args.random):
         raise UserError(f"{args.model}: give --weights FILE or --random (one of them)")
+    if args.data_dir is not None and args.images is None:
+        raise UserError("--data-dir is for --images DATASET; the shipped test images need none")
     if args.image_size is not None and args.image_size < 1:
         raise UserError(f"--image-size must be positive, got {args.image_size}")
     loaded = build_third_party(args.model, args.weights, args.image_size)

@@ -210,7 +210,7 @@ def attention_figures(
         distance_figure(
             distances,
             stem=averaged.stem,
-            title=f"Attention distance per head\n{name}, {averaged.description}",
+            title=f"Attention distance per head\n{name}\n{averaged.description}",
         ),
         out,
         "distance",
