@@ -35,6 +35,7 @@ def test_presets_of_an_experiment():
         "quadratic-fashion",
         "learned-fashion",
         "learned-content-fashion",
+        "resnet-fashion-small",
         "resnet-fashion",
         "vit-fashion",
     )

@@ -177,11 +177,12 @@ def test_a_huge_learning_rate_never_saves_the_diverged_weights(tmp_path: Path, c
         loss = F.cross_entropy(model(val.images.float() / 255), val.labels)
     assert torch.isfinite(loss), "the kept checkpoint must not be diverged already"
     step = checkpoint["step"]
+    # Which check sees the divergence first (the step's training loss, or the updated weights'
+    # loss on their last batch) depends on where the float32 arithmetic overflows.
+    assert f"training diverged at epoch 1, step {step + 1}: the " in err, err
     assert (
-        f"training diverged at epoch 1, step {step + 1}: the updated weights give a loss of "
-        f"nan on their last batch; stopping without saving it (the last good checkpoint is "
-        f"{last} (step {step}))"
-    ) in err, err
+        f"; stopping without saving it (the last good checkpoint is {last} (step {step}))" in err
+    ), err
     assert not (run_dir / "summary.json").exists()
 
 

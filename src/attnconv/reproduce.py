@@ -33,6 +33,7 @@ EXPERIMENTS: dict[str, tuple[str, ...]] = {
         "quadratic-fashion",
         "learned-fashion",
         "learned-content-fashion",
+        "resnet-fashion-small",
         "resnet-fashion",
         "vit-fashion",
     ),
