@@ -403,6 +403,9 @@ def test_eval_prints_the_accuracy_of_the_checkpoint(finished_run: Path, capsys) 
     assert f"accuracy {accuracy:.4f} ({round(accuracy * count)}/{count})" in out
     summary = json.loads((finished_run / "summary.json").read_text())
     assert f"loss {summary['test_loss']:.4f}" in out
+    # a run folder: its best.pt, the checkpoint the summary's test accuracy is of
+    assert cli.main(["eval", str(finished_run), "--precision", "fp32"]) == 0
+    assert capsys.readouterr().out == out
 
 
 @pytest.mark.parametrize(
