@@ -29,7 +29,7 @@ class Normalize(nn.Module):
                 f"mean and std must be equal-length sequences of per-channel values, "
                 f"got mean={tuple(mean)} and std={tuple(std)}"
             )
-        if bool((std_t <= 0).any()):
+        if not all(float(value) > 0 for value in std):  # plain floats: also on the meta device
             raise ValueError(f"std must be positive per channel, got {tuple(std)}")
         self.register_buffer("mean", mean_t.view(-1, 1, 1))
         self.register_buffer("std", std_t.view(-1, 1, 1))
