@@ -35,6 +35,7 @@ def test_a_model_warns_once_when_its_images_are_not_on_the_unit_scale(preset: st
         model(images * 255)
         model(images - 0.5)
     assert len(caught) == 1  # once per model
+    assert caught[0].filename == __file__  # it names the line that called the model
     low, high = (images * 255).min().item(), (images * 255).max().item()
     assert str(caught[0].message).startswith(
         f"the model received float images with values in [{low:.4g}, {high:.4g}]; it expects "

@@ -11,8 +11,10 @@ training step on a GPU, and attnconv's own training loop scales its images itsel
 
 from __future__ import annotations
 
+import sys
 import warnings
 from collections.abc import Sequence
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -59,8 +61,22 @@ class Normalize(nn.Module):
                     f"expects them in [0, 1] and normalises them itself (divide 0-255 images by "
                     f"255, and leave out any normalisation of your own). Warned once per model.",
                     ImageRangeWarning,
+                    stacklevel=_caller_stacklevel(),
                 )
         return (x - self.mean) / self.std
+
+
+# Frames in these folders are the model's own: a warning names the first line outside them.
+_MODEL_FOLDERS = (str(Path(torch.nn.modules.__file__).parent), str(Path(__file__).parent))
+
+
+def _caller_stacklevel() -> int:
+    """``warnings.warn``'s ``stacklevel`` (counted from ``Normalize.forward``) of the first frame
+    outside ``torch.nn`` and ``attnconv.models``: the line that called the model."""
+    level, frame = 2, sys._getframe(2)  # 0: this function, 1: forward, 2: what called forward
+    while frame is not None and frame.f_code.co_filename.startswith(_MODEL_FOLDERS):
+        level, frame = level + 1, frame.f_back
+    return level
 
 
 def _has_values(x: torch.Tensor) -> bool:
