@@ -34,7 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "~/.cache/attnconv); not for digits, which ship with scikit-learn")
     parser.add_argument("--out", help="the run folder (default runs/PRESET-DATASET-TIME)")
     parser.add_argument(
-        "--epochs", type=int,
+        "--epochs", type=int, metavar="N",
         help="training length (default: the preset's); with --resume, the run's new length in "
         "all, to train it on (a run of 6 epochs given --epochs 10 trains 4 more): the updates "
         "made keep their rates and the schedule of the rest is that of an N-epoch run (cosine: "
