@@ -7,6 +7,7 @@ settings) are described in docs/development.md, "These pages".
 
 from __future__ import annotations
 
+import linecache
 import os
 import re
 import subprocess
@@ -239,6 +240,8 @@ def test_every_snippet_of_the_page_runs(page: str, tmp_path, monkeypatch) -> Non
             run_shell(command, tmp_path, f"{block.where()} setup")
         code = block.runnable_code()
         if block.language == "python":
+            # the source in linecache: a failing line shows in the traceback
+            linecache.cache[block.where()] = (len(code), None, code.splitlines(True), "")
             exec(compile(code, block.where(), "exec"), namespace)
         else:
             run_shell(code, tmp_path, block.where())
