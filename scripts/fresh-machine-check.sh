@@ -4,20 +4,13 @@
 # code block, verbatim, in order. Fails if one fails, or if they leave files git does not ignore.
 # Prints each command's time and the virtual environment's size.
 #
-# Usage: scripts/fresh-machine-check.sh [WORKDIR]
+# Usage: scripts/fresh-machine-check.sh [WORKDIR | --list]
 #   WORKDIR (must not exist) keeps the clone; without it a temporary folder is used and removed.
+#   --list prints the commands it would run, one a line, and runs nothing (tests/test_docs.py).
 # PYTHON selects the interpreter the virtual environment is made from (default: python3).
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 python=${PYTHON:-python3}
-if [[ $# -gt 0 ]]; then
-    work=$1
-    mkdir "$work"
-else
-    work=$(mktemp -d)
-    trap 'rm -rf "$work"' EXIT
-fi
-work=$(cd "$work" && pwd)
 
 # The Quick start's commands: the 4-space-indented lines between "## Quick start" and the next
 # "## " heading.
@@ -29,6 +22,19 @@ if [[ ${#commands[@]} -ne 2 ]]; then
     echo "fresh-machine-check: expected 2 commands in the README's Quick start, found ${#commands[@]}" >&2
     exit 1
 fi
+if [[ ${1:-} == --list ]]; then
+    printf '%s\n' "${commands[@]}"
+    exit 0
+fi
+
+if [[ $# -gt 0 ]]; then
+    work=$1
+    mkdir "$work"
+else
+    work=$(mktemp -d)
+    trap 'rm -rf "$work"' EXIT
+fi
+work=$(cd "$work" && pwd)
 
 git clone --quiet "$repo" "$work/attnconv"
 cd "$work/attnconv"

@@ -8,7 +8,8 @@
 # "Retrying" warnings and uses the other indexes.
 #
 # Usage: sh scripts/install.sh [--dev]
-#   --dev  also install what the tests need (pytest, pytest-xdist, hypothesis, ruff, playwright)
+#   --dev  also install what the tests and the docs need (pytest, pytest-xdist, hypothesis, ruff,
+#          playwright, onnx, mkdocs with mkdocstrings: the dev extra of pyproject.toml)
 # PYTHON selects the interpreter (default: python3, the active virtual environment's).
 set -eu
 cd "$(dirname "$0")/.."

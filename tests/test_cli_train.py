@@ -78,6 +78,22 @@ def test_resume_uses_the_checkpoint_config_not_an_edited_config_json(tmp_path, c
     assert load_checkpoint(run_dir / "checkpoints" / "last.pt")["epoch"] == 1
 
 
-def test_resume_takes_no_other_options(tmp_path, capsys):
-    assert main(["train", "--resume", str(tmp_path), "--epochs", "3"]) == 2
-    assert "takes no other options" in capsys.readouterr().err
+def test_resume_takes_no_other_options_but_epochs(captured, tmp_path, capsys):
+    for flag in (["--precision", "fp32"], ["lr=0.5"], ["--out", "x"], ["--dataset", "digits"]):
+        assert main(["train", "--resume", str(tmp_path), *flag]) == 2
+        assert "takes no other options" in capsys.readouterr().err
+    assert not captured
+    last = tmp_path / "checkpoints" / "last.pt"
+    last.parent.mkdir()
+    last.touch()
+    assert main(["train", "--resume", str(tmp_path), "--epochs", "3"]) == 0
+    assert main(["train", "--resume", str(tmp_path)]) == 0
+    (first, second) = captured
+    assert first[0][0] is None and first[1]["resume"] and first[1]["epochs"] == 3
+    assert second[1]["epochs"] is None  # a plain resume keeps the saved length
+
+
+def test_a_new_run_passes_epochs_in_its_config_not_as_an_extension(captured, tmp_path):
+    assert main(["train", "--preset", "quick", "--epochs", "3", "--out", str(tmp_path / "r")]) == 0
+    ((args, kwargs),) = captured
+    assert args[0].epochs == 3 and kwargs["epochs"] is None and not kwargs["resume"]

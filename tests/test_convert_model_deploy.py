@@ -3,6 +3,8 @@ torch.compile without graph breaks, autocast; and state_dicts load both ways."""
 
 from __future__ import annotations
 
+import warnings
+
 import onnxruntime as ort
 import pytest
 import torch
@@ -68,7 +70,12 @@ def test_script_and_trace(build, shape):
     with torch.no_grad():
         for probe in (x, other):
             assert rel(scripted(probe), model(probe)) <= 1e-5
-        traced = torch.jit.trace(converted, x)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # no TracerWarning, nor any other
+            warnings.filterwarnings(
+                "ignore", r"`torch\.jit\.trace(_method)?` is deprecated", DeprecationWarning
+            )
+            traced = torch.jit.trace(converted, x)
         assert rel(traced(x), model(x)) <= 1e-5
     # Scripting does not touch the eager model: it still holds its attention layers.
     assert all(isinstance(converted[i], AttentionConv) for i in (0, 3, 4) if i < len(converted))

@@ -13,8 +13,9 @@ WRITTEN = [
     ".venv/bin/python",  # the Quick start's virtual environment
     "test-artifacts/explorer.png",
     "src/attnconv.egg-info/PKG-INFO",
+    "site/index.html",  # mkdocs build
 ]
-SOURCE = ["README.md", "scripts/install.sh", "src/attnconv/demo.py", "tests/conftest.py",
+SOURCE = ["README.md", "docs/index.md", "mkdocs.yml", "scripts/install.sh", "src/attnconv/demo.py", "tests/conftest.py",
           "tests/fixtures/checkpoint-v1/quick-digits.pt"]
 
 

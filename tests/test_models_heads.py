@@ -11,7 +11,12 @@ import torch
 from attnconv import cli
 from attnconv.models import ImageTransformer, create_model
 from attnconv.models.checkpoint import save_checkpoint
-from attnconv.models.heads import find_degenerate_heads, head_table, prune_degenerate_heads
+from attnconv.models.heads import (
+    MIN_SPREAD,
+    find_degenerate_heads,
+    head_table,
+    prune_degenerate_heads,
+)
 from attnconv.models.presets import preset_arguments
 
 CONFIG = {"hidden": 16, "depth": 2, "heads": 4, "mlp_dim": 16, "image_size": (12, 12)}
@@ -176,3 +181,48 @@ def test_heads_command_bad_input(tmp_path, capsys):
     write_checkpoint(learned, create_model("learned", **CONFIG), preset="learned")
     assert cli.main(["heads", str(learned)]) == 2
     assert "needs Gaussian attention" in capsys.readouterr().err
+
+
+def test_heads_of_a_run_folder_are_those_of_its_best_checkpoint(tmp_path, capsys):
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    assert cli.main(["heads", str(run)]) == 2
+    assert (
+        f"run folder {run} has no {run / 'checkpoints' / 'best.pt'} yet" in capsys.readouterr().err
+    )
+    torch.manual_seed(1)
+    write_checkpoint(
+        run / "checkpoints" / "last.pt", create_model("quadratic-generalized", **CONFIG)
+    )
+    assert cli.main(["heads", str(run)]) == 2
+    assert f"give {run / 'checkpoints' / 'last.pt'} for its newest state" in capsys.readouterr().err
+    write_checkpoint(run / "checkpoints" / "best.pt", generalized_model())
+    assert cli.main(["heads", str(run)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"{run / 'checkpoints' / 'best.pt'}: preset quadratic-generalized")
+    assert "2 of 8 heads degenerate" in out  # generalized_model's, not last.pt's (none)
+    assert cli.main(["heads", str(tmp_path)]) == 2
+    assert "is a folder but not a run folder" in capsys.readouterr().err
+
+
+def test_heads_of_a_shipped_model_are_its_weights(capsys):
+    from safetensors.torch import load_file
+
+    from attnconv.models.pretrained import WEIGHTS_DIR
+
+    assert cli.main(["heads", "--pretrained", "quadratic-fashion"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("quadratic-fashion (shipped weights)")
+    rows = [line.split() for line in out.splitlines() if line[:5].strip().isdigit()]
+    weights = load_file(WEIGHTS_DIR / "quadratic-fashion.safetensors")
+    assert len(rows) == 4 * 9
+    for layer, head, row, col, spread, condition, degenerate in rows:
+        centers = weights[f"blocks.{layer}.attention.centers"][int(head)]
+        assert (float(row), float(col)) == pytest.approx(centers.tolist(), abs=5e-4)
+        # isotropic: the covariance is I / s², so its geometric-mean inverse std is |s|
+        s = weights[f"blocks.{layer}.attention.spread"][int(head)].abs().item()
+        assert float(spread) == pytest.approx(s, abs=5e-5)
+        assert float(condition) == pytest.approx(1.0, abs=1e-3)
+        assert degenerate == ("yes" if s < MIN_SPREAD else "no")
+    assert cli.main(["heads", "--pretrained", "resnet-fashion"]) == 2
+    assert "ResNet has no attention layers" in capsys.readouterr().err

@@ -274,6 +274,44 @@ def test_count_macs_resnet_hand_computation():
     assert count_macs(model, image_size=(16, 16)) > expected
 
 
+def executed_macs(model: torch.nn.Module) -> int:
+    """Multiply-adds of a real eval-mode forward on one random image (real tensors, real
+    arithmetic): what count_macs counts without running it."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from attnconv.models.complexity import _EXTRA_FORMULAS
+
+    images = torch.rand(1, model.in_channels, *model.image_size)
+    with torch.no_grad(), FlopCounterMode(display=False, custom_mapping=_EXTRA_FORMULAS) as count:
+        model.eval()(images)
+    return count.get_total_flops() // 2
+
+
+@pytest.mark.parametrize(
+    ("preset", "overrides"),
+    [
+        ("quick", {}),
+        ("resnet-fashion", {}),
+        ("learned-content-fashion", {}),
+        ("quadratic-generalized", {"hidden": 12, "depth": 2, "image_size": (16, 12)}),
+        ("learned-content", {"hidden": 12, "depth": 2, "head_dim": 4, "image_size": (8, 8)}),
+    ],
+)
+def test_count_macs_on_the_meta_device_equals_the_executed_count(preset, overrides):
+    torch.manual_seed(0)
+    model = create_model(preset, **overrides)
+    executed = executed_macs(model)
+    before = {name: tensor.clone() for name, tensor in model.state_dict().items()}
+    assert count_macs(model.train()) == executed
+    assert model.training and next(model.parameters()).device.type == "cpu"
+    for name, tensor in model.state_dict().items():  # the model is neither moved nor changed
+        assert torch.equal(tensor, before[name]), name
+    with torch.device("meta"):  # how `attnconv models` builds them: shapes only
+        shapes = create_model(preset, **overrides)
+    assert count_macs(shapes) == count_macs(model)
+    assert count_parameters(shapes) == count_parameters(model)
+
+
 def test_models_command_prints_every_preset(capsys):
     assert cli.main(["models"]) == 0
     out = capsys.readouterr().out

@@ -15,6 +15,7 @@ from attnconv.train.config import (
     TrainConfig,
     check_value,
     coerce,
+    extended_config,
     load_config,
     resolve_config,
     save_config,
@@ -192,6 +193,21 @@ def test_saved_configs_of_earlier_versions_drop_milestones_that_did_nothing(tmp_
     resnet = resolve_config("resnet18", epochs=10).to_dict()
     resnet["milestones"] = [3, 5, 10]
     assert TrainConfig.from_dict(resnet).milestones == (3, 5)
+
+
+def test_an_extended_config_has_the_new_length_and_keeps_step_milestones() -> None:
+    cosine = resolve_config("quick", epochs=6, lr=0.03)
+    longer = extended_config(cosine, 12, trained=6)
+    assert longer == resolve_config("quick", epochs=12, lr=0.03)  # planned with 12 from the start
+    step = resolve_config("resnet18", epochs=30)  # milestones scaled to (8, 15, 25)
+    assert extended_config(step, 40, trained=30).milestones == (8, 15, 25)  # not rescaled to 40
+    # an interrupted run (12 of 30 epochs) shortened to 20: the milestone at 25 never acts
+    assert extended_config(step, 20, trained=12).milestones == (8, 15)
+    assert extended_config(step, 13, trained=12).epochs == 13
+    for epochs in (6, 5):
+        with pytest.raises(UserError, match=r"the run has trained 6 epoch\(s\); --epochs sets its "
+                           r"new length in all, so it must be more than 6 \(e.g. --epochs 12"):
+            extended_config(cosine, epochs, trained=6)
 
 
 def test_config_json_round_trip(tmp_path) -> None:

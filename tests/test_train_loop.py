@@ -5,6 +5,7 @@ fine-tune, `attnconv eval`, and one-line errors for bad input."""
 import json
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -17,6 +18,7 @@ import torch.nn.functional as F
 
 from attnconv import cli
 from attnconv.data import BatchLoader, load_splits
+from attnconv.errors import UserError
 from attnconv.models import ImageTransformer, create_model
 from attnconv.models.checkpoint import load_checkpoint, load_model, save_checkpoint
 from attnconv.models.presets import preset_arguments
@@ -164,6 +166,51 @@ def test_two_runs_give_identical_weights(tmp_path, finished_run: Path) -> None:
     train(other_seed, tmp_path / "seed1")
     first = weights(tmp_path / "seed1")
     assert not torch.equal(first["classifier.weight"], weights(finished_run)["classifier.weight"])
+
+
+def test_extending_a_finished_run_replans_the_cosine_schedule(
+    tmp_path, finished_run: Path, monkeypatch, capsys
+) -> None:
+    """`train --resume RUN --epochs 4` on a finished 2-epoch run of 20 steps an epoch: its 40
+    updates keep their rates; updates 40..79 use the 4-epoch plan's (warm-up ⌈0.05·80⌉ = 4 steps,
+    then ½·0.1·(1 + cos(π(s − 4)/76))), each rate read as SGD used it."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(finished_run, run_dir)
+    rates: list[float] = []
+    sgd_step = torch.optim.SGD.step
+
+    def recording_step(self, *args, **kwargs):
+        rates.extend({group["lr"] for group in self.param_groups})  # one rate for every group
+        return sgd_step(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.optim.SGD, "step", recording_step)
+    with pytest.raises(UserError, match=r"the run has trained 2 epoch\(s\); --epochs sets its new"):
+        train(None, run_dir, resume=True, epochs=2)
+    capsys.readouterr()
+    summary = train(None, run_dir, resume=True, epochs=4)
+
+    expected = [0.05 * (1 + math.cos(math.pi * (s - 4) / 76)) for s in range(40, 80)]
+    assert rates == pytest.approx(expected, rel=1e-12, abs=0)
+    first = [json.loads(line) for line in (finished_run / "metrics.jsonl").read_text().splitlines()]
+    assert rates[0] == pytest.approx(0.0541, abs=1e-4) and first[-1]["lr"] < 1e-3  # back up
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert records[:2] == first  # the epochs trained are not rewritten
+    assert [(r["epoch"], r["step"], r["lr"]) for r in records[2:]] == [
+        (3, 60, expected[19]),
+        (4, 80, expected[39]),
+    ]
+    assert json.loads((run_dir / "config.json").read_text())["epochs"] == 4
+    assert summary["epochs"] == 4 and summary == json.loads((run_dir / "summary.json").read_text())
+    last = load_checkpoint(run_dir / "checkpoints" / "last.pt")
+    assert (last["epoch"], last["step"], last["config"]["epochs"]) == (4, 80, 4)
+    out = capsys.readouterr()
+    assert (
+        "the run's length goes from 2 to 4 epochs: the cosine schedule is re-planned over 4 "
+        f"epochs; the updates made keep their rates, the next one's is {expected[0]:.3g}"
+    ) in out.out + out.err
+
+    rates.clear()  # a plain resume of the extended run keeps its new length: nothing to train
+    assert train(None, run_dir, resume=True)["epochs"] == 4 and rates == []
 
 
 def test_sigkill_mid_epoch_then_resume_is_exact(tmp_path) -> None:
@@ -357,6 +404,9 @@ def test_eval_prints_the_accuracy_of_the_checkpoint(finished_run: Path, capsys) 
     assert f"accuracy {accuracy:.4f} ({round(accuracy * count)}/{count})" in out
     summary = json.loads((finished_run / "summary.json").read_text())
     assert f"loss {summary['test_loss']:.4f}" in out
+    # a run folder: its best.pt, the checkpoint the summary's test accuracy is of
+    assert cli.main(["eval", str(finished_run), "--precision", "fp32"]) == 0
+    assert capsys.readouterr().out == out
 
 
 @pytest.mark.parametrize(

@@ -112,3 +112,32 @@ def test_progress_bar_only_on_a_terminal(tmp_path, monkeypatch, capsys, terminal
     # 1294 training images // 128 = 10 steps an epoch: the bar redraws at least once per epoch.
     redraws = stderr.getvalue().count("\r")
     assert redraws >= 2 if terminal else redraws == 0
+
+
+@pytest.mark.needs_fashion_mnist
+def test_eval_of_a_shipped_model_runs_in_fp32_the_precision_of_its_stated_figure(
+    monkeypatch, capsys
+) -> None:
+    """Where auto would pick bfloat16, --pretrained still runs in float32 unless asked, and says
+    that the stated figure is float32's; asked for auto, it says what it ran in."""
+    from attnconv.train import loop
+
+    precisions = []
+
+    def counted(model, loader, precision):  # the evaluation itself is the loop's, tested there
+        precisions.append(precision)
+        return [2300.0, 8590.0, 10000.0]
+
+    monkeypatch.setattr(loop, "evaluation_sums", counted)
+    monkeypatch.setattr(hardware, "cpu_features", lambda: dict(ZEN5))
+    name = "quadratic-fashion (shipped; stated test accuracy 0.8590, measured in fp32)"
+    assert cli.main(["eval", "--pretrained", "quadratic-fashion", "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert f"{name} on fashion-mnist test (10000 images, fp32): accuracy 0.8590" in out
+    assert "note" not in out
+    argv = ["eval", "--pretrained", "quadratic-fashion", "--device", "cpu", "--precision", "auto"]
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "(10000 images, bf16): accuracy 0.8590" in out
+    assert "note: run in bf16, so it may differ from the stated fp32 figure" in out
+    assert precisions == ["fp32", "bf16"]

@@ -7,26 +7,32 @@
    epochs on the 8×8 digits that ship with scikit-learn, with a checkpoint every epoch; the best
    epoch on validation is tested on the held-out test images.
 3. Figures: attention mass contours, attention maps and distances, the Gaussian centres moving
-   over the epochs, and the validation-accuracy curve.
+   over the epochs (drawn from the per-epoch checkpoints, which are then removed: 0.7 MB each),
+   and the validation-accuracy curve.
 4. Real photographs: the figures of ``SHIPPED``, the Gaussian model trained on Fashion-MNIST
    whose weights ship with the package, with its grid score per layer; its test accuracy is
-   measured again when Fashion-MNIST is installed (else one line says how to get it).
+   measured again in float32, the precision of the stated figure, when Fashion-MNIST is
+   installed (else one line says how to get it).
 
-Everything lands in one folder: ``theorem1.txt``, ``run/`` (a full run folder: config, metrics,
-checkpoints, TensorBoard), ``figures/`` and ``demo.json`` (the numbers printed at the end).
-Training runs in the precision ``auto`` picks for the machine (``attnconv.hardware``);
-``demo.json`` says which.
+Steps 3 and 4 print a line as each of their parts starts, and a progress bar while the test
+images are evaluated. Everything lands in one folder: ``theorem1.txt``, ``run/`` (a run folder:
+config, metrics, ``best.pt`` and ``last.pt``, TensorBoard), ``figures/`` and ``demo.json`` (the
+numbers printed at the end). Training runs in the precision ``auto`` picks for the machine
+(``attnconv.hardware``); ``demo.json`` says which.
 """
 
 from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tqdm import tqdm
 
 from attnconv.errors import UserError
+
+if TYPE_CHECKING:
+    from attnconv.data import ImageSet
 
 PRESET = "quick"
 SHIPPED = "quadratic-fashion"
@@ -51,6 +57,8 @@ def run_demo(out_dir: str | Path, epochs: int = EPOCHS, progress: bool = True) -
     out = Path(out_dir)
     if (out / "demo.json").exists() or (out / "run").exists():
         raise UserError(f"{out} already holds a demo; give another --out or delete it")
+    # checked before anything runs or is written (a bad --epochs leaves no folder behind)
+    config = resolve_config(PRESET, "digits", epochs=epochs, checkpoint_every=1, progress=progress)
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
 
@@ -72,19 +80,32 @@ def run_demo(out_dir: str | Path, epochs: int = EPOCHS, progress: bool = True) -
     )
 
     tqdm.write(f"2/4  Training the {PRESET!r} preset on the embedded digits")
-    config = resolve_config(PRESET, "digits", epochs=epochs, checkpoint_every=1, progress=progress)
     summary = train(config, out / "run", epoch_figure=attention_figure)
 
     tqdm.write("3/4  Figures")
-    result = plot_checkpoint(RunDir(out / "run").best, out / "figures")
+    run = RunDir(out / "run")
+    _part(
+        f"attention of the best epoch ({summary['best_epoch']}): contours, maps, distances; "
+        f"Gaussian centres over the {len(run.epoch_checkpoints())} epochs"
+    )
+    result = plot_checkpoint(run.best, out / "figures")
+    _part("validation accuracy over the epochs")
     files = [
         *result.files,
-        *save_figure(report_figure([load_run(out / "run")]), out / "figures", "accuracy"),
+        *save_figure(report_figure([load_run(run.root)]), out / "figures", "accuracy"),
     ]
     figures = sorted(str(f) for f in files if f.suffix == ".png")
+    removed = run.epoch_checkpoints()
+    size = sum(path.stat().st_size for path in removed)
+    for path in removed:
+        path.unlink()
+    _part(
+        f"removed the {len(removed)} per-epoch checkpoints the centres were read from "
+        f"({size / 1e6:.0f} MB); {run.checkpoints} keeps best.pt and last.pt"
+    )
 
     tqdm.write(f"4/4  The shipped {SHIPPED!r} model, trained on Fashion-MNIST photographs")
-    shipped = shipped_model_step(out / "figures" / SHIPPED, precision=summary["precision"])
+    shipped = shipped_model_step(out / "figures" / SHIPPED, progress)
     figures += sorted(str(f) for f in shipped.pop("files") if f.suffix == ".png")
 
     demo = {
@@ -114,22 +135,29 @@ def run_demo(out_dir: str | Path, epochs: int = EPOCHS, progress: bool = True) -
     return demo
 
 
-def shipped_model_step(out_dir: Path, precision: str) -> dict[str, Any]:
-    """Figures and grid scores of the shipped ``SHIPPED`` model, and its test accuracy if
-    Fashion-MNIST is on this machine (never downloaded here: the demo stays offline).
+def _part(message: str) -> None:
+    """One line as a part of a step starts."""
+    tqdm.write(f"     {message}")
+
+
+def shipped_model_step(out_dir: Path, progress: bool = True) -> dict[str, Any]:
+    """Figures and grid scores of the shipped ``SHIPPED`` model, and its test accuracy in float32
+    (the precision of the accuracy its index states) if Fashion-MNIST is on this machine (never
+    downloaded here: the demo stays offline). ``progress``: a bar while the images are evaluated.
 
     Returns ``files`` (the figures), ``stated_test_acc`` (from the weights' index),
     ``test_acc`` (measured, or None), ``grid_score`` (per layer) and ``accuracy_line``.
     """
-    from attnconv.data import BatchLoader, load_splits
-    from attnconv.models.pretrained import load_pretrained, pretrained_info
-    from attnconv.train.loop import evaluation_sums
+    from attnconv.data import load_splits
+    from attnconv.models.pretrained import pretrained_info
     from attnconv.viz.figures import plot_pretrained
     from attnconv.viz.grid import layer_grid_scores
 
     info = pretrained_info(SHIPPED)
+    _part(f"attention figures ({out_dir})")
     result = plot_pretrained(SHIPPED, out_dir)
     grid = [score.score for score in layer_grid_scores(result.maps)]
+    _part("grid score per layer " + " / ".join(f"{g:.2f}" for g in grid))
     try:
         test = load_splits(info.dataset, download=False).test
     except FileNotFoundError:
@@ -142,12 +170,12 @@ def shipped_model_step(out_dir: Path, precision: str) -> dict[str, Any]:
             f"attnconv eval --pretrained {SHIPPED}"
         )
     else:
-        loader = BatchLoader(test, 500, device="cpu", train=False, flip=False)
-        _, correct, seen = evaluation_sums(load_pretrained(SHIPPED), loader, precision)
+        _part(f"test accuracy on the {len(test)} Fashion-MNIST test images, in float32")
+        correct, seen = _shipped_test_counts(test, progress)
         measured = correct / seen
         line = (
             f"test accuracy {measured:.2%} on the {int(seen)} Fashion-MNIST test images "
-            f"(stated {info.test_accuracy:.2%})"
+            f"(stated {info.test_accuracy:.2%}; both float32)"
         )
     line += "; grid score per layer " + " / ".join(f"{g:.2f}" for g in grid)
     return {
@@ -157,3 +185,22 @@ def shipped_model_step(out_dir: Path, precision: str) -> dict[str, Any]:
         "grid_score": grid,
         "accuracy_line": line,
     }
+
+
+def _shipped_test_counts(test: ImageSet, progress: bool, chunk: int = 1000) -> tuple[float, float]:
+    """``(correct, images)`` of the shipped model on ``test`` in float32, ``chunk`` images at a
+    time so that a bar can follow."""
+    from attnconv.data import BatchLoader, ImageSet
+    from attnconv.models.pretrained import load_pretrained
+    from attnconv.train.loop import evaluation_sums
+
+    model = load_pretrained(SHIPPED)
+    correct = seen = 0.0
+    with tqdm(total=len(test), unit="img", disable=not progress, leave=False) as bar:
+        for start in range(0, len(test), chunk):
+            part = ImageSet(test.images[start : start + chunk], test.labels[start : start + chunk])
+            loader = BatchLoader(part, 500, device="cpu", train=False, flip=False)
+            _, part_correct, part_seen = evaluation_sums(model, loader, "fp32")
+            correct, seen = correct + part_correct, seen + part_seen
+            bar.update(int(part_seen))
+    return correct, seen

@@ -96,6 +96,28 @@ class RunDir:
         return sorted(self.checkpoints.glob("epoch_*.pt"))
 
 
+def checkpoint_file(path: str | Path) -> Path:
+    """The checkpoint a command reads for ``path``: ``path`` itself if it is a file, and for a run
+    folder its ``checkpoints/best.pt`` (the epoch chosen on validation, the one ``summary.json``'s
+    test accuracy is of). FileNotFoundError (one line) if there is none."""
+    path = Path(path)
+    if not path.is_dir():
+        if not path.is_file():
+            raise FileNotFoundError(f"checkpoint {path} does not exist")
+        return path
+    run = RunDir(path)
+    if not run.checkpoints.is_dir():
+        raise FileNotFoundError(
+            f"{path} is a folder but not a run folder (it has no {CHECKPOINTS}/)"
+        )
+    if not run.best.is_file():
+        detail = f"give {run.last} for its newest state" if run.last.is_file() else "nor last.pt"
+        raise FileNotFoundError(
+            f"run folder {path} has no {run.best} yet (it is written when an epoch ends); {detail}"
+        )
+    return run.best
+
+
 def plain_file_mode() -> int:
     """The permission bits ``open`` gives a new file: 0666 less the process umask."""
     mask = os.umask(0)

@@ -31,6 +31,7 @@ native, float32 where bfloat16 would be emulated.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import torch
@@ -92,10 +93,13 @@ def content_attention(
     heads = (row if query is None else query).shape[1]
     device_type = value.device.type
     dtype = torch.promote_types(value.dtype, (row if query is None else query).dtype)
-    if torch.is_autocast_enabled(device_type) and dtype != torch.float64:
+    # The meta device (shapes only: models/complexity.py counts multiply-adds there) has no
+    # autocast.
+    autocasts = device_type != "meta"
+    if autocasts and torch.is_autocast_enabled(device_type) and dtype != torch.float64:
         dtype = torch.get_autocast_dtype(device_type)  # what autocast gives matrix products
     dtype = compute_dtype(dtype, value.device)
-    with torch.autocast(device_type, enabled=False):
+    with torch.autocast(device_type, enabled=False) if autocasts else contextlib.nullcontext():
         parts, indicators = [], None
         if query is not None:
             parts.append(query.to(dtype))

@@ -1,4 +1,5 @@
-"""``attnconv heads CHECKPOINT``: every Gaussian head's centre, spread and condition number."""
+"""``attnconv heads CHECKPOINT|RUN_DIR|--pretrained NAME``: every Gaussian head's centre, spread
+and condition number."""
 
 from __future__ import annotations
 
@@ -8,7 +9,13 @@ from attnconv.models.heads import MAX_CONDITION, MIN_SPREAD
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("checkpoint", help="a checkpoint written by `attnconv train`")
+    parser.add_argument(
+        "checkpoint",
+        nargs="?",
+        help="a checkpoint written by `attnconv train`, or a run folder (its checkpoints/best.pt, "
+        "the epoch chosen on validation)",
+    )
+    parser.add_argument("--pretrained", metavar="NAME", help="a model shipped with attnconv")
     parser.add_argument(
         "--min-spread",
         type=float,
@@ -26,10 +33,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from attnconv.models.checkpoint import load_model
     from attnconv.models.heads import head_table
+    from attnconv.models.pretrained import checkpoint_or_pretrained, load_pretrained
+    from attnconv.runs import checkpoint_file
 
-    model, checkpoint = load_model(args.checkpoint)
+    if checkpoint_or_pretrained(args.checkpoint, args.pretrained) == "pretrained":
+        model = load_pretrained(args.pretrained)
+        source = f"{args.pretrained} (shipped weights)"
+    else:
+        path = checkpoint_file(args.checkpoint)
+        model, checkpoint = load_model(path)
+        source = f"{path}: preset {checkpoint['preset']}, epoch {checkpoint.get('epoch', '?')}"
     rows = head_table(model, args.min_spread, args.max_condition)
-    print(f"{args.checkpoint}: preset {checkpoint['preset']}, epoch {checkpoint.get('epoch', '?')}")
+    print(source)
     print(
         f"{'layer':>5} {'head':>4} {'center_row':>10} {'center_col':>10} {'spread':>9} "
         f"{'condition':>10}  degenerate"

@@ -22,6 +22,8 @@ def _human(count: int) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    import torch
+
     from attnconv.models import PRESETS, create_model
     from attnconv.models.complexity import count_macs, count_parameters
 
@@ -31,7 +33,8 @@ def run(args: argparse.Namespace) -> int:
     print(header)
     print("-" * len(header))
     for name, preset in PRESETS.items():
-        model = create_model(name, num_classes=args.num_classes)
+        with torch.device("meta"):  # shapes only: no weights drawn, no arithmetic in count_macs
+            model = create_model(name, num_classes=args.num_classes)
         height, width = model.image_size
         size = f"{height}x{width}x{model.in_channels}"
         params = _human(count_parameters(model))

@@ -1,7 +1,7 @@
 """``attnconv train``: train a preset, resume a run, or fine-tune a pruned checkpoint.
 
     attnconv train --preset quadratic --dataset cifar10 [--epochs N] [--out RUN_DIR] [key=value ...]
-    attnconv train --resume RUN_DIR
+    attnconv train --resume RUN_DIR [--epochs N]
     attnconv train --preset quadratic-generalized-pruned --init RUN_DIR/checkpoints/best.pt
     torchrun --nproc_per_node 4 -m attnconv train --preset quadratic ...
 """
@@ -33,7 +33,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data-dir", help="where datasets live (default $ATTNCONV_DATA or "
                         "~/.cache/attnconv); not for digits, which ship with scikit-learn")
     parser.add_argument("--out", help="the run folder (default runs/PRESET-DATASET-TIME)")
-    parser.add_argument("--epochs", type=int, help="training length (default: the preset's)")
+    parser.add_argument(
+        "--epochs", type=int, metavar="N",
+        help="training length (default: the preset's); with --resume, the run's new length in "
+        "all, to train it on (a run of 6 epochs given --epochs 10 trains 4 more): the updates "
+        "made keep their rates and the schedule of the rest is that of an N-epoch run (cosine: "
+        "warm-up and decay re-planned over N epochs, so the rate rises to that plan's value and "
+        "decays to zero at epoch N; step: the milestones stay at their epochs)",
+    )
     parser.add_argument("--precision", choices=PRECISIONS, help="auto (the default): bfloat16 "
                         "autocast where the device computes in bfloat16 natively (CUDA Ampere+, "
                         "CPUs with AMX or AVX512-BF16), else float32; fp32; bf16 (warns where "
@@ -42,7 +49,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", help="auto (CUDA if available), cpu, cuda or cuda:N")
     parser.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR exactly "
                         "where its last checkpoint left it, with the config saved in that "
-                        "checkpoint")
+                        "checkpoint; with --epochs N, train it on to epoch N")
     parser.add_argument("--init", metavar="CHECKPOINT", help="fine-tune this checkpoint after "
                         "pruning its degenerate heads (preset quadratic-generalized-pruned)")
 
@@ -59,10 +66,12 @@ def _check_resume(args: argparse.Namespace) -> Path:
     from attnconv.cli import UsageError
 
     run_dir = Path(args.resume)
-    if flag_settings(args) or args.overrides or args.dataset is not None or args.out is not None:
+    others = {key for key in flag_settings(args) if key != "epochs"}
+    if others or args.overrides or args.dataset is not None or args.out is not None:
         raise UsageError(
             "--resume continues a run with the config saved in its last checkpoint; it takes no "
-            "other options or key=value overrides"
+            "other options or key=value overrides, except --epochs N to train the run on to "
+            "epoch N"
         )
     if not run_dir.is_dir():
         raise FileNotFoundError(f"run folder {run_dir} does not exist")
@@ -103,6 +112,7 @@ def run(args: argparse.Namespace) -> int:
             config,
             run_dir,
             resume=args.resume is not None,
+            epochs=args.epochs if args.resume is not None else None,
             init_checkpoint=init,
             epoch_figure=attention_figure,
         )

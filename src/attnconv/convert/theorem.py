@@ -263,7 +263,10 @@ class AttentionConv(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         """``x (B, in, H, W)`` (``(B, in, L)`` for a 1-D conv) → ``(B, out, H_out, W_out)``."""
         if not torch.jit.is_scripting():
-            self._check_input(x)
+            # A trace records tensor operations, not Python checks: checking sizes while tracing
+            # would only turn each comparison into a TracerWarning.
+            if not torch.jit.is_tracing():
+                self._check_input(x)
             if self._runs_layer():
                 return self._layer_forward(x)
             if torch.is_autocast_enabled(x.device.type):

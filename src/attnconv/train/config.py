@@ -298,6 +298,31 @@ def check_config(config: TrainConfig) -> None:
          f"fine-tune ({', '.join(n for n, p in PRESETS.items() if p.requires_init)})")
 
 
+def extended_config(config: TrainConfig, epochs: int, trained: int) -> TrainConfig:
+    """``config`` re-planned to ``epochs`` epochs in all, for a run that has finished ``trained``.
+
+    This is ``attnconv train --resume RUN --epochs N``: the run continues as if it had been
+    planned with ``epochs`` from the start. The updates already made keep the rates they had; the
+    schedule of the updates to come is the new length's. Under ``cosine`` the warm-up and the decay
+    span the new length, so a finished run's rate goes back up to what the longer plan has at that
+    step (half the base rate at the midpoint when the length is doubled) and decays to zero at the
+    new end. Under ``step`` the milestones are epoch numbers and stay where they are (the rate keeps
+    its last value), except those at or past a shortened end, which are dropped.
+
+    UserError unless ``trained < epochs``: a run cannot be shortened below what it has trained.
+    """
+    if epochs <= trained:
+        raise UserError(
+            f"the run has trained {trained} epoch(s); --epochs sets its new length in all, so it "
+            f"must be more than {trained} (e.g. --epochs {trained + config.epochs} for "
+            f"{config.epochs} more)"
+        )
+    milestones = tuple(m for m in config.milestones if m < epochs)
+    extended = dataclasses.replace(config, epochs=epochs, milestones=milestones)
+    check_config(extended)
+    return extended
+
+
 def save_config(config: TrainConfig, path: str | Path) -> None:
     """Write ``config`` as indented JSON, atomically."""
     from attnconv.runs import write_json

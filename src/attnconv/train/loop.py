@@ -66,7 +66,7 @@ from attnconv.runs import (
 )
 from attnconv.train import distributed
 from attnconv.train.checkpoint import rng_state, set_rng_state
-from attnconv.train.config import TrainConfig, save_config
+from attnconv.train.config import TrainConfig, extended_config, save_config
 from attnconv.train.logger import EpochFigure, RunLogger
 from attnconv.train.schedule import LRSchedule, build_schedule
 
@@ -83,6 +83,7 @@ def train(
     run_dir: str | Path,
     resume: bool = False,
     *,
+    epochs: int | None = None,
     init_checkpoint: dict[str, Any] | None = None,
     epoch_figure: EpochFigure | None = None,
 ) -> dict[str, Any]:
@@ -93,6 +94,10 @@ def train(
             ``checkpoints/last.pt`` (the one source of truth: ``config.json`` is a copy for people
             to read, rewritten from it): pass None, or a config equal to that one (UserError
             naming the keys that differ otherwise).
+        epochs: only with ``resume``: the run's new length in epochs, to train a finished (or
+            interrupted) run on to epoch ``epochs``; it must exceed the epochs it has trained.
+            The schedule is re-planned over the new length
+            (``attnconv.train.config.extended_config``).
         init_checkpoint: ``config.init`` already loaded (``load_checkpoint``), so that a caller
             that read it, e.g. for its dataset, does not load it again.
         epoch_figure: ``(model, (H, W)) -> matplotlib Figure`` drawn into TensorBoard after
@@ -111,8 +116,14 @@ def train(
     if resume:
         resumed = load_checkpoint(run.last)
         config = _resumed_config(resumed, config, run)
+        if epochs is not None:
+            config = extended_config(config, epochs, trained=int(resumed["epoch"]))
     elif config is None:
         raise TypeError("train() needs a config unless it resumes a run")
+    elif epochs is not None:
+        raise TypeError(
+            "train(epochs=...) extends a resumed run; a new run's length is config.epochs"
+        )
     context = distributed.setup(config.device)
     try:
         with locked_run(run.root) if context.is_main else nullcontext() as lock:
@@ -332,6 +343,8 @@ class Trainer:
             config.milestones,
         )
 
+        # the length the run had before train(..., epochs=N) re-planned it
+        self.planned_epochs = config.epochs if resumed is None else int(resumed["config"]["epochs"])
         self.epoch, self.step = 0, 0
         self.metrics: list[dict[str, Any]] = []
         self.progress = {"loss_sum": 0.0, "correct": 0.0, "seen": 0.0}
@@ -731,6 +744,8 @@ class Trainer:
             + (" (auto)" if self.requested_precision == "auto" else "")
             + (f"; resuming at epoch {self.epoch + 1}, step {self.step}" if self.step else "")
         )
+        if self.planned_epochs != config.epochs:
+            logger.print(self._replanned_note())
         note = size_note(config.preset, config.dataset, tuple(self.data.image_size), config.model)
         if note is not None:
             logger.print(note)
@@ -773,6 +788,19 @@ class Trainer:
             return self._finish()
         finally:
             logger.close()
+
+    def _replanned_note(self) -> str:
+        """The line saying how ``train(..., epochs=N)`` re-planned the schedule."""
+        config = self.config
+        if config.schedule == "step":
+            kept = ", ".join(map(str, config.milestones)) or "none"
+            how = f"the step schedule keeps its milestones (epochs {kept})"
+        else:
+            how = f"the {config.schedule} schedule is re-planned over {config.epochs} epochs"
+        return (
+            f"the run's length goes from {self.planned_epochs} to {config.epochs} epochs: {how}; "
+            f"the updates made keep their rates, the next one's is {self.schedule(self.step):.3g}"
+        )
 
     def _finish(self) -> dict[str, Any]:
         """Test the best checkpoint (main rank) and write ``summary.json``.
