@@ -190,6 +190,7 @@ def test_pretrained_plot_without_the_dataset_says_why_in_one_line(tmp_path, monk
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1
-    assert "64 test images of fashion-mnist asked for, 8 ship with the weights" in err
+    shipped = sample_images("fashion-mnist")[0].shape[0]
+    assert f"64 test images of fashion-mnist asked for, {shipped} ship with the weights" in err
     assert "dataset-fashion-mnist" in err  # how to get it
     assert not (tmp_path / "out" / "maps_average.png").exists()
