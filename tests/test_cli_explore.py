@@ -4,6 +4,7 @@ import pytest
 
 from attnconv.cli import main
 from attnconv.models import create_model
+from attnconv.models.pretrained import sample_images
 from viz_helpers import save_checkpoint
 
 
@@ -33,6 +34,17 @@ def test_data_dir_with_pretrained_is_refused(tmp_path, capsys):
     argv = ["explore", "--pretrained", "quadratic-fashion", "--data-dir", "d", "--out", "x"]
     assert main(argv) == 2
     assert "--pretrained shows the test images shipped" in capsys.readouterr().err
+
+
+def test_more_images_than_shipped_are_refused_not_cut(tmp_path, capsys):
+    out = tmp_path / "site"
+    argv = ["explore", "--pretrained", "quadratic-fashion", "--images", "20", "--out", str(out)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    shipped = sample_images("fashion-mnist")[0].shape[0]
+    assert f"--images 20: {shipped} test images of fashion-mnist ship with the weights" in err
+    assert not (out / "index.html").exists()
 
 
 def test_a_position_only_checkpoint_explores_without_them(position_only, tmp_path):

@@ -6,9 +6,15 @@ import torch
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 
 from attnconv import MultiHeadSelfAttention2d
-from attnconv.viz.contours import contour_figure, mass_region, mass_threshold, region_outline
+from attnconv.viz.contours import (
+    MAX_AREA,
+    contour_figure,
+    mass_region,
+    mass_threshold,
+    region_outline,
+)
 from attnconv.viz.maps import AttentionMaps, compute_attention
-from attnconv.viz.style import palette_color
+from attnconv.viz.style import MIN_CONTRAST, contrast_ratio, palette_color
 
 
 def reference_region(values: np.ndarray, mass: float) -> np.ndarray:
@@ -93,7 +99,7 @@ def test_contour_figure_draws_exactly_the_regions():
     axes = fig.axes
     for layer_index, layer_centers in enumerate(centers):
         ax = axes[layer_index]
-        by_gid = {coll.get_gid(): coll for coll in ax.collections}
+        by_gid = {c.get_gid(): c for c in ax.collections if c.get_gid() != "token-grid"}
         assert len(by_gid) == 3 * 2
         for head, (dr, dc) in enumerate(layer_centers):
             target = {(query[0] + int(dr), query[1] + int(dc))}
@@ -103,8 +109,9 @@ def test_contour_figure_draws_exactly_the_regions():
                 np.testing.assert_allclose(
                     coll.get_colors()[0][:3], _rgb(palette_color(head)), atol=1e-6
                 )
-        squares = [p for p in ax.patches if p.get_width() == 1]
-        assert [(p.get_x(), p.get_y()) for p in squares] == [(query[1] - 0.5, query[0] - 0.5)]
+        (marker,) = [line for line in ax.lines if line.get_marker() == "X"]
+        assert (marker.get_xdata()[0], marker.get_ydata()[0]) == (query[1], query[0])
+        assert not ax.patches  # the query is marked at its centre, hiding no outline
 
 
 def test_gaussian_contours_are_nested_and_hold_their_mass():
@@ -138,6 +145,25 @@ def test_palette_has_nine_distinct_colours_then_cycles():
     assert palette_color(9) == palette_color(0)
 
 
+def label_boxes(fig, ax):
+    """Display boxes of the head numbers of ``ax`` by gid, after drawing ``fig``."""
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    labels = {text.get_gid(): text for text in ax.texts if text.get_gid()}
+    return labels, {
+        gid: t.get_bbox_patch().get_window_extent(renderer) for gid, t in labels.items()
+    }
+
+
+def marker_box(fig, ax):
+    """Display box of the query marker (the black X)."""
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    (marker,) = [line for line in ax.lines if line.get_marker() == "X"]
+    return marker.get_window_extent(canvas.get_renderer())
+
+
 def test_head_numbers_on_the_same_tap_do_not_overprint():
     # heads 0, 2 and 11 attend to the same key (one tap), head 1 to another
     layer = MultiHeadSelfAttention2d(4, 12, hard=True)
@@ -147,14 +173,10 @@ def test_head_numbers_on_the_same_tap_do_not_overprint():
         layer.position.centers[1] = torch.tensor([-2.0, 0.0])
     query = (4, 4)
     fig = contour_figure(compute_attention(layer, (9, 9)), query=query)
-    canvas = FigureCanvasAgg(fig)
-    canvas.draw()
-    renderer = canvas.get_renderer()
     ax = fig.axes[0]
-    labels = {text.get_gid(): text for text in ax.texts if text.get_gid()}
+    labels, boxes = label_boxes(fig, ax)
     assert sorted(labels) == sorted(f"layer0-head{h}-label" for h in range(12))
     assert all(labels[f"layer0-head{h}-label"].get_text() == str(h) for h in range(12))
-    boxes = {gid: text.get_bbox_patch().get_window_extent(renderer) for gid, text in labels.items()}
     gids = sorted(boxes)
     for i, a in enumerate(gids):
         for b in gids[i + 1 :]:
@@ -170,3 +192,84 @@ def test_head_numbers_on_the_same_tap_do_not_overprint():
     centre = ax.transData.transform((query[1], query[0] - 2))
     assert abs((alone.x0 + alone.x1) / 2 - centre[0]) < 2
     assert abs((alone.y0 + alone.y1) / 2 - centre[1]) < 2
+
+
+def test_head_numbers_leave_the_query_free_and_stay_readable():
+    # nine hard heads on the 3×3 taps around the query: the centre tap's number would cover the
+    # query marker, and the neighbours' numbers crowd each other
+    layer = MultiHeadSelfAttention2d(4, 9, hard=True)
+    taps = [[float(r), float(c)] for r in (-1, 0, 1) for c in (-1, 0, 1)]
+    with torch.no_grad():
+        layer.position.centers.copy_(torch.tensor(taps))
+    fig = contour_figure(compute_attention(layer, (7, 7)), query=(3, 3))
+    ax = fig.axes[0]
+    labels, boxes = label_boxes(fig, ax)
+    query_box = marker_box(fig, ax)
+    frame = ax.get_window_extent()
+    assert len(boxes) == 9
+    for gid, box in boxes.items():
+        assert not box.overlaps(query_box), gid
+        assert frame.x0 <= box.x0 and box.x1 <= frame.x1
+        assert frame.y0 <= box.y0 and box.y1 <= frame.y1
+        text = labels[gid]
+        ratio = contrast_ratio(text.get_color(), text.get_bbox_patch().get_facecolor())
+        assert ratio >= MIN_CONTRAST, (gid, ratio)
+    gids = sorted(boxes)
+    for i, a in enumerate(gids):
+        for b in gids[i + 1 :]:
+            assert not boxes[a].overlaps(boxes[b]), (a, b)
+    # head 4 attends to the query itself: its number moved off the marker, but stays next to it
+    box = boxes["layer0-head4-label"]
+    x, y = ax.transData.transform((3.0, 3.0))
+    gap = np.hypot(max(box.x0 - x, 0, x - box.x1), max(box.y0 - y, 0, y - box.y1))
+    assert 0 < gap <= box.height
+
+
+def gaussian_layer(spreads):
+    """Isotropic Gaussian heads centred on the query with the given inverse std each."""
+    layer = MultiHeadSelfAttention2d(4, len(spreads))
+    with torch.no_grad():
+        layer.position.centers.zero_()
+        layer.position.spread.copy_(torch.tensor(spreads))
+    return layer
+
+
+def test_only_concentrated_regions_are_outlined():
+    # sharp, medium (compact 50% but wide 90% region) and near-uniform heads
+    layer = gaussian_layer([2.0, 0.6, 0.05, 0.01])
+    grid, query = (12, 12), (6, 6)
+    maps = compute_attention(layer, grid)
+    per_head = maps.query_maps(query)[0].double().numpy()
+    expected = set()
+    for head, values in enumerate(per_head):
+        for mass in (0.5, 0.9):
+            size = reference_region(values, mass).sum()  # brute force, not the code under test
+            if size <= MAX_AREA * mass * values.size:
+                expected.add(f"layer0-head{head}-mass{mass:g}")
+    # the test is about all three cases: both, only the 50% and no region of a head drawn
+    assert {"layer0-head0-mass0.5", "layer0-head0-mass0.9", "layer0-head1-mass0.5"} <= expected
+    assert "layer0-head1-mass0.9" not in expected
+    assert not {g for g in expected if g.startswith(("layer0-head2", "layer0-head3"))}
+    fig = contour_figure(maps, query=query)
+    ax = fig.axes[0]
+    assert {c.get_gid() for c in ax.collections} == expected | {"token-grid"}
+    assert {t.get_gid() for t in ax.texts if t.get_gid()} == {
+        "layer0-head0-label",
+        "layer0-head1-label",
+    }
+    assert ax.get_title() == "layer 0\nnot drawn (diffuse): heads 2\u20133"
+    assert "at most 25% of the tokens uniform attention spreads that mass over" in (
+        " ".join(fig.get_suptitle().split())
+    )
+    assert "(18 for 50%, 32 for 90%, of 144 tokens)" in " ".join(fig.get_suptitle().split())
+    everything = contour_figure(maps, query=query, max_area=1 / 0.5)
+    assert len(everything.axes[0].collections) == 8 + 1
+
+
+def test_one_panel_per_layer_in_a_square_grid():
+    layers = [gaussian_layer([1.0, 2.0]) for _ in range(4)]
+    fig = contour_figure(compute_attention(layers, (6, 6)))
+    assert len(fig.axes) == 4  # 2×2: no empty panels
+    FigureCanvasAgg(fig).draw()
+    corners = {(round(ax.get_position().x0, 3), round(ax.get_position().y0, 3)) for ax in fig.axes}
+    assert len({x for x, _ in corners}) == 2 and len({y for _, y in corners}) == 2

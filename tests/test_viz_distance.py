@@ -1,10 +1,12 @@
 """Attention distance against hand-computed values, the head table and the distance figure."""
 
+import itertools
 import math
 
 import numpy as np
 import pytest
 import torch
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 
 from attnconv import MultiHeadSelfAttention2d
 from attnconv.viz.distance import (
@@ -14,6 +16,7 @@ from attnconv.viz.distance import (
     distance_map,
     format_head_table,
     layer_distances,
+    uniform_distance,
 )
 from attnconv.viz.maps import compute_attention
 
@@ -83,6 +86,37 @@ def test_distance_figure_plots_every_head():
     (mean_line,) = ax.lines
     np.testing.assert_allclose(mean_line.get_ydata(), [2.0, 7.0 / 3.0])
     assert "input pixels" in [a.get_ylabel() for a in fig.axes[0].child_axes]
+
+
+def test_uniform_distance_is_the_mean_distance_between_two_tokens():
+    tokens = list(itertools.product(range(14), range(14)))
+    brute = sum(math.dist(a, b) for a in tokens for b in tokens) / len(tokens) ** 2
+    assert uniform_distance((14, 14)) == pytest.approx(brute, abs=1e-9)
+    assert round(brute, 2) == 7.28
+    assert uniform_distance((1, 3)) == pytest.approx((4 * 1 + 2 * 2) / 9)
+
+
+def test_distance_figure_shows_every_dot_the_uniform_line_and_a_whole_title():
+    # heads near and above the uniform distance: the dots that used to be cut off at the top
+    distances = [torch.tensor([7.9, 7.2, 6.8]), torch.tensor([7.5, 8.1, 7.0])]
+    title = "Attention distance per head\nlearned-content-fashion (shipped), mean over 64 images"
+    fig = distance_figure(distances, stem=2, title=title, grid=(14, 14))
+    FigureCanvasAgg(fig).draw()
+    ax = fig.axes[0]
+    (uniform,) = [line for line in ax.lines if line.get_gid() == "uniform"]
+    assert list(uniform.get_ydata()) == pytest.approx([uniform_distance((14, 14))] * 2)
+    frame = ax.get_window_extent()
+    radius = math.sqrt(28) / 2 * fig.dpi / 72  # scatter size s=28 points²
+    for dots in ax.collections:
+        x, y = ax.transData.transform(dots.get_offsets()[0])
+        assert frame.x0 + radius <= x <= frame.x1 - radius
+        assert frame.y0 + radius <= y <= frame.y1 - radius
+    heading = fig._suptitle.get_window_extent()
+    assert fig.bbox.x0 <= heading.x0 and heading.x1 <= fig.bbox.x1 and heading.y1 <= fig.bbox.y1
+    legend = fig.legends[0].get_window_extent()
+    assert not legend.overlaps(heading) and not legend.overlaps(frame)
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert "uniform attention (7.28 on 14×14)" in labels
 
 
 def test_bad_shapes():

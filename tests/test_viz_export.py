@@ -214,9 +214,14 @@ def test_site_files_are_self_contained(tmp_path):
         "style.css",
     ]
     html = (tmp_path / "index.html").read_text()
-    assert re.findall(r'(?:src|href)="([^"]+)"', html) == ["style.css", "data.js", "app.js"]
+    # everything the page loads is local; its only links (not loaded) point to the paper
+    loaded = re.findall(r'<(?:script|link)\b[^>]*\b(?:src|href)="([^"]+)"', html)
+    assert loaded == ["style.css", "data.js", "app.js"]
+    links = re.findall(r'<a\b[^>]*\bhref="([^"]+)"', html)
+    assert links and all(link.startswith("https://arxiv.org/") for link in links)
+    assert len(re.findall(r"https?://", html)) == len(links)
     for path in tmp_path.rglob("*"):
-        if path.is_file():
+        if path.is_file() and path.name != "index.html":
             assert "http://" not in path.read_text() and "https://" not in path.read_text()
     image = (tmp_path / "models" / "0" / "image_001.js").read_text()
     assert image.startswith('window.ATTNCONV_FILES["models/0/image_001.js"] = {"layers":')

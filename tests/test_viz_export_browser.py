@@ -18,7 +18,14 @@ from playwright.sync_api import sync_playwright
 
 from attnconv.cli import main
 from attnconv.models.pretrained import load_pretrained, sample_images
-from attnconv.viz.export import decode_content, dequantize, read_data, write_site
+from attnconv.viz.export import (
+    SiteModel,
+    decode_content,
+    dequantize,
+    read_data,
+    write_explorer,
+    write_site,
+)
 from attnconv.viz.maps import compute_attention
 from explorer_helpers import ACCURACY, shipped_folder
 from viz_helpers import small_model
@@ -35,6 +42,7 @@ CHROMIUM_ARGS = [
     "--disable-sync",
     "--no-first-run",
 ]
+HOVER_HELP = "Hover or tap a map to read its values."
 VIRIDIS = np.round(colormaps["viridis"](np.linspace(0, 1, 256))[:, :3] * 255)
 
 
@@ -235,8 +243,9 @@ def hover_value(page, layer, head, key, kind):
 
 def readout_value(page, layer, head, key, kind):
     text = page.locator("#hover-readout").inner_text()
+    # probabilities are followed by their multiple of the uniform level, "(1.3/N)"
     match = re.fullmatch(
-        rf"layer {layer}, head {head}, key \({key[0]}, {key[1]}\): {kind} (\S+)", text
+        rf"layer {layer}, head {head}, key \({key[0]}, {key[1]}\): {kind} (\S+)( \(\S+/N\))?", text
     )
     assert match, text
     return float(match.group(1))
@@ -304,12 +313,12 @@ def test_shipped_models_on_one_page(browser, shipped_site):
     np.testing.assert_array_equal(
         canvas_rgb(page, 2, 5), VIRIDIS[np.round(255 * values[2][5] / top).astype(int)]
     )
-    assert page.locator("#colorbar-hi").inner_text() == f"{top:.3f}"
+    assert float(page.locator("#colorbar-hi").inner_text()) == pytest.approx(top, rel=5e-3)
     page.locator("input[name=scale][value=map]").check()
 
     # the content model: per image, from the model's own forward pass
     switch_model(page, 2, "learned-content-fashion")
-    assert page.locator("#hover-readout").inner_text() == "Hover a map to read its values."
+    assert page.locator("#hover-readout").inner_text() == HOVER_HELP
     model = load_pretrained("learned-content-fashion", weights)
     images, captions = sample_images("fashion-mnist", weights)
     with torch.no_grad():
@@ -348,7 +357,9 @@ def test_shipped_models_on_one_page(browser, shipped_site):
     assert probability == pytest.approx(
         float(per_image[3][0, 1, 13 * 14, key[0] * 14 + key[1]]), rel=3e-3
     )
-    page.locator("#softmax").uncheck()
+    page.locator("#softmax").focus()  # the keyboard, not the mouse: the pointer stays on the map
+    page.keyboard.press("Space")
+    page.wait_for_function("!window.attnconv.state.softmax")
     logits = displayed(page)
     logit = readout_value(page, 3, 1, key, "logit")
     assert logit == pytest.approx(float(logits[3][1][key[0] * 14 + key[1]]), rel=1e-3)
@@ -359,15 +370,335 @@ def test_shipped_models_on_one_page(browser, shipped_site):
     assert other != logit
     page.locator("#softmax").check()
 
-    # back to a position-only model: named, its own maps again
+    # back to a position-only model: named, its own maps again, at the same query token
     switch_model(page, 1, "learned-fashion")
+    assert page.evaluate("window.attnconv.state.query") == [13, 0]
     learned = load_pretrained("learned-fashion", weights)
-    centre = 7 * 14 + 7
     for layer, values in zip(learned.attention_layers(), displayed(page), strict=True):
         np.testing.assert_allclose(
-            values, layer.attention_probs(*grid)[:, centre].detach().double(), atol=1e-6
+            values, layer.attention_probs(*grid)[:, 13 * 14].detach().double(), atol=1e-6
         )
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=ARTIFACTS / "explorer_shipped.png", full_page=True)
     assert errors == []
+    page.close()
+
+
+# ---------------------------------------------------------------- layout, controls, states
+
+SIZES = [(390, 844), (768, 1024), (1300, 900)]  # a phone, a tablet, a desktop
+NAMES = ["quadratic-fashion", "learned-fashion", "learned-content-fashion"]
+
+
+def open_sized(browser, site, width, height):
+    page = browser.new_page(viewport={"width": width, "height": height})
+    errors = []
+    page.on("pageerror", lambda err: errors.append(str(err)))
+    page.goto((site / "index.html").as_uri())
+    page.wait_for_function("window.attnconv && window.attnconv.ready", timeout=60_000)
+    return page, errors
+
+
+def in_viewport(box, width, height):
+    return (
+        box["x"] >= 0
+        and box["y"] >= 0
+        and box["x"] + box["width"] <= width
+        and box["y"] + box["height"] <= height
+    )
+
+
+@pytest.mark.parametrize(("width", "height"), SIZES)
+def test_every_model_fits_the_screen_with_the_image_beside_its_maps(
+    browser, shipped_site, width, height
+):
+    _, site = shipped_site
+    page, errors = open_sized(browser, site, width, height)
+    for index, name in enumerate(NAMES):
+        if index:
+            switch_model(page, index, name)
+        # nothing wider than the screen: no sideways scrolling
+        assert page.evaluate("document.documentElement.scrollWidth") <= width
+        assert page.evaluate("document.body.scrollWidth") <= width
+        # the image and the whole first row of maps (every head of layer 0) in view together
+        assert in_viewport(page.locator("#picker").bounding_box(), width, height)
+        maps = page.locator("#maps .map canvas")
+        for head in range(9):
+            box = maps.nth(head).bounding_box()
+            assert in_viewport(box, width, height), (name, head, box)
+            assert box["width"] >= 30  # still a map, not a speck
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=ARTIFACTS / f"explorer_{width}x{height}_{name}.png")
+    # on a phone the image stays in view while the last layer's maps are scrolled to
+    last = page.locator("#maps .map canvas").nth(3 * 9 + 8)
+    last.scroll_into_view_if_needed()
+    assert in_viewport(page.locator("#picker").bounding_box(), width, height)
+    assert in_viewport(last.bounding_box(), width, height)
+    assert errors == []
+    page.close()
+
+
+def axe_violations(page):
+    """axe-core's violations on the page, every rule set (WCAG 2.0-2.2 A/AA, best practices and
+    the experimental rules, among them label-in-name)."""
+    from axe_playwright_python.sync_playwright import Axe
+
+    tags = ["wcag2a", "wcag2aa", "wcag21a", "wcag21aa", "wcag22aa", "best-practice", "experimental"]
+    options = {"resultTypes": ["violations"], "runOnly": {"type": "tag", "values": tags}}
+    found = Axe().run(page, options=options).response["violations"]
+    return [f"{v['id']}: {n['html'][:120]}" for v in found for n in v["nodes"]]
+
+
+@pytest.mark.parametrize(("width", "height"), [SIZES[0], SIZES[2]])
+def test_accessibility_checks_pass_for_every_model_and_the_average(
+    browser, shipped_site, width, height
+):
+    _, site = shipped_site
+    page, _ = open_sized(browser, site, width, height)
+    for index, name in enumerate(NAMES):
+        if index:
+            switch_model(page, index, name)
+        assert axe_violations(page) == [], name
+    thumbs = page.locator("#images button")
+    average = thumbs.nth(thumbs.count() - 1)
+    average.click()
+    page.wait_for_function(
+        "window.attnconv.ready && window.attnconv.data.images[window.attnconv.state.image].average"
+    )
+    # the visible tag is part of the button's accessible name (WCAG 2.5.3 label in name)
+    tag = average.locator("span").inner_text()
+    assert tag.lower() in average.get_attribute("aria-label").lower()
+    assert axe_violations(page) == []
+    page.close()
+
+
+def test_the_page_says_what_it_shows(browser, shipped_site):
+    _, site = shipped_site
+    page, _ = open_sized(browser, site, *SIZES[0])
+    about = page.locator("#about")
+    assert in_viewport(about.bounding_box(), *SIZES[0])
+    text = " ".join(about.inner_text().split())
+    assert "query token" in text and "head" in text and "layer" in text
+    links = about.locator("a")
+    hrefs = [links.nth(i).get_attribute("href") for i in range(links.count())]
+    assert "https://arxiv.org/abs/1911.03584" in hrefs and len(hrefs) >= 2
+    page.close()
+
+
+def test_query_and_image_are_kept_across_model_switches(browser, shipped_site):
+    weights, site = shipped_site
+    page, errors = open_site(browser, site)
+    token = (2, 11)
+    click_token(page, token, (14, 14))
+    page.locator("#images button").nth(1).click()
+    page.wait_for_function("window.attnconv.ready && window.attnconv.state.image == 1")
+    switch_model(page, 2, "learned-content-fashion")
+    assert page.evaluate("window.attnconv.state.query") == list(token)
+    assert page.evaluate("window.attnconv.state.image") == 1  # the same test image
+    model = load_pretrained("learned-content-fashion", weights)
+    images, captions = sample_images("fashion-mnist", weights)
+    with torch.no_grad():
+        _, probs = model(images[1:2], return_attention=True)
+    index = token[0] * 14 + token[1]
+    for layer, values in enumerate(displayed(page)):
+        np.testing.assert_allclose(values, probs[layer][0][:, index], rtol=2e-3, atol=1e-6)
+    assert (
+        page.locator("#query-readout")
+        .inner_text()
+        .startswith(f"{captions[1]}: query token (row 2, col 11)")
+    )
+    switch_model(page, 1, "learned-fashion")
+    learned = load_pretrained("learned-fashion", weights)
+    for layer, values in zip(learned.attention_layers(), displayed(page), strict=True):
+        np.testing.assert_allclose(
+            values, layer.attention_probs(14, 14)[:, index].detach(), atol=1e-6
+        )
+    assert errors == []
+    page.close()
+
+
+def test_a_query_moves_to_the_same_place_on_a_finer_grid(browser, tmp_path):
+    coarse, _ = small_model("quadratic", image_size=(12, 12), stem=2)  # 6×6 tokens
+    fine, _ = small_model("learned", image_size=(12, 12), stem=1, max_size=12)  # 12×12 tokens
+    write_explorer(
+        [SiteModel("coarse", coarse, (12, 12)), SiteModel("fine", fine, (12, 12))], tmp_path
+    )
+    page, errors = open_site(browser, tmp_path)
+    click_token(page, (5, 1), (6, 6))  # pixels 10-11 × 2-3
+    page.locator("#model-select").select_option("1")
+    page.wait_for_function("window.attnconv.ready && window.attnconv.model == 1")
+    assert page.evaluate("window.attnconv.state.query") == [11, 3]
+    page.locator("#model-select").select_option("0")
+    page.wait_for_function("window.attnconv.ready && window.attnconv.model == 0")
+    assert page.evaluate("window.attnconv.state.query") == [5, 1]
+    assert errors == []
+    page.close()
+
+
+def test_average_view_controls_show_what_the_maps_show(browser, shipped_site):
+    weights, site = shipped_site
+    page, _ = open_site(browser, site)
+    switch_model(page, 2, "learned-content-fashion")
+    page.locator("input[name=mode][value=content]").check()
+    page.locator("#softmax").uncheck()
+    thumbs = page.locator("#images button")
+    thumbs.nth(2).click()  # the average over the 6 test images
+    page.wait_for_function("window.attnconv.ready && window.attnconv.state.image == 2")
+    assert page.locator("input[name=mode][value=total]").is_checked()
+    assert page.locator("#softmax").is_checked()
+    assert page.locator("input[name=mode][value=content]").is_disabled()
+    assert page.locator("#softmax").is_disabled()
+    note = page.locator("#modes-note")
+    assert note.is_visible()
+    assert note.inner_text() == (
+        "The average over 6 test images is of the attention probabilities of the total score."
+    )
+    model = load_pretrained("learned-content-fashion", weights)
+    images, _ = sample_images("fashion-mnist", weights)
+    average = compute_attention(model, (28, 28), images).probs
+    for layer, values in enumerate(displayed(page)):
+        np.testing.assert_allclose(values, average[layer][:, 7 * 14 + 7], atol=1e-5)
+    assert page.locator("#colorbar-caption").inner_text().startswith("probability")
+    # a single image again: the choice made before comes back, and the maps follow it
+    thumbs.nth(0).click()
+    page.wait_for_function("window.attnconv.ready && window.attnconv.state.image == 0")
+    assert page.locator("input[name=mode][value=content]").is_checked()
+    assert not page.locator("#softmax").is_checked() and page.locator("#softmax").is_enabled()
+    assert note.is_hidden()
+    assert page.locator("#colorbar-caption").inner_text().startswith("logit")
+    page.close()
+
+
+def caption_numbers(page, layer, head, heads):
+    text = page.locator("#maps .map .scale").nth(layer * heads + head).inner_text()
+    return text, [float(v) for v in re.findall(r"-?\d+\.?\d*(?:e-?\d+)?", text.split("=")[0])]
+
+
+def test_captions_keep_three_significant_digits_of_small_logits(browser, tmp_path):
+    model, _ = small_model("learned-content")
+    with torch.no_grad():  # positional logits of a few thousandths
+        for layer in model.attention_layers():
+            for table in layer.position.parameters():
+                table.mul_(2e-3)
+            layer.query.weight.mul_(2e-2)
+    images = torch.rand(1, 1, 8, 8, generator=torch.Generator().manual_seed(3))
+    write_site(model, tmp_path, (8, 8), images)
+    page, errors = open_site(browser, tmp_path)
+    page.locator("input[name=mode][value=position]").check()
+    page.locator("#softmax").uncheck()
+    page.wait_for_function("window.attnconv.ready && !window.attnconv.state.softmax")
+    maps = displayed(page)
+    spans = []
+    for layer in range(2):
+        for head in range(3):
+            values = maps[layer][head]
+            text, (lo, hi) = caption_numbers(page, layer, head, 3)
+            span = values.max() - values.min()
+            spans.append(span)
+            assert not re.search(r"(^|[^\d])-0(\.0*)?(?![\d.])", text), text  # no "-0.0"
+            assert lo == pytest.approx(values.min(), abs=span / 200)
+            assert hi == pytest.approx(values.max(), abs=span / 200)
+    assert max(spans) < 0.05  # small logits indeed: one decimal would have shown "-0.0 … 0.0"
+    # probabilities: three significant digits and their multiple of 1/N
+    page.locator("#softmax").check()
+    page.wait_for_function("window.attnconv.ready && window.attnconv.state.softmax")
+    values = displayed(page)[1][2]
+    text, (peak,) = caption_numbers(page, 1, 2, 3)
+    assert peak == pytest.approx(values.max(), rel=5e-3)
+    assert re.fullmatch(r"\d\.\d+(e-\d+)? = \d+(\.\d)?/N", text), text
+    assert len(text.split(" ")[0].replace(".", "").lstrip("0")) == 3
+    assert float(text.split("= ")[1].removesuffix("/N")) == pytest.approx(
+        64 * values.max(), abs=0.051
+    )
+    assert errors == []
+    page.close()
+
+
+def test_a_new_image_shows_a_loading_state_until_its_maps_are_ready(browser, shipped_site):
+    _, site = shipped_site
+    page = browser.new_page(viewport={"width": 1300, "height": 900})
+    held = []
+    # the image's data file is held back until the test lets it through (file:// requests are
+    # only intercepted when the route exists before the page loads)
+    page.route("**/models/2/image_001.js", lambda route: held.append(route))
+    page.goto((site / "index.html").as_uri())
+    page.wait_for_function("window.attnconv && window.attnconv.ready", timeout=60_000)
+    switch_model(page, 2, "learned-content-fashion")
+    first = displayed(page)
+    page.locator("#images button").nth(1).click()
+    page.wait_for_function("document.getElementById('maps').getAttribute('aria-busy') == 'true'")
+    assert held
+    assert not page.evaluate("window.attnconv.ready")
+    assert "stale" in page.locator("#maps").get_attribute("class")
+    status = page.locator("#status").inner_text()
+    assert status.startswith("computing the attention for test 1:")
+    assert page.locator("#hover-readout").inner_text() == HOVER_HELP
+    np.testing.assert_array_equal(displayed(page)[0], first[0])  # still the old maps, greyed
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=ARTIFACTS / "explorer_loading.png")
+    held[0].continue_()
+    page.wait_for_function("window.attnconv.ready && window.attnconv.state.image == 1")
+    assert page.locator("#maps").get_attribute("aria-busy") == "false"
+    assert "stale" not in (page.locator("#maps").get_attribute("class") or "")
+    assert page.locator("#status").inner_text() == ""
+    assert np.abs(displayed(page)[0] - first[0]).max() > 1e-3
+    page.close()
+
+
+def test_dragging_reaches_every_edge_of_the_image(browser, shipped_site):
+    _, site = shipped_site
+    page, _ = open_site(browser, site)
+    box = page.locator("#picker").bounding_box()
+    centre = (box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    page.mouse.move(*centre)
+    page.mouse.down()
+    page.mouse.move(box["x"] + box["width"] + 40, box["y"] + box["height"] + 40, steps=8)
+    page.wait_for_function("window.attnconv.state.query.join() == '13,13'")
+    page.mouse.move(box["x"] - 40, box["y"] - 40, steps=8)
+    page.wait_for_function("window.attnconv.state.query.join() == '0,0'")
+    page.mouse.up()
+    page.mouse.move(box["x"] + box["width"] + 40, centre[1])  # no button: the query stays
+    assert page.evaluate("window.attnconv.state.query") == [0, 0]
+    page.close()
+
+
+def test_hover_readout_is_cleared_when_the_pointer_leaves_the_maps(browser, shipped_site):
+    _, site = shipped_site
+    page, _ = open_site(browser, site)
+    value = hover_value(page, 0, 3, (6, 8), "probability")
+    assert value == pytest.approx(float(displayed(page)[0][3][6 * 14 + 8]), rel=1e-3)
+    page.mouse.move(5, 5)  # the header
+    assert page.locator("#hover-readout").inner_text() == HOVER_HELP
+    page.close()
+
+
+def test_the_uniform_level_is_named_and_marked(browser, shipped_site):
+    _, site = shipped_site
+    page, _ = open_site(browser, site)
+    switch_model(page, 1, "learned-fashion")
+    assert (
+        page.locator("#uniform-caption")
+        .inner_text()
+        .startswith("Uniform attention: 1/N = 0.00510 on each of the N = 196 tokens")
+    )
+    assert page.locator("#colorbar-uniform").is_hidden()  # per-map scales: no single place
+    maps = displayed(page)
+    for layer, head in [(0, 0), (3, 8)]:
+        text, _ = caption_numbers(page, layer, head, 9)
+        times, expected = (
+            float(text.split("= ")[1].removesuffix("/N")),
+            196 * maps[layer][head].max(),
+        )
+        # one decimal below 10, whole numbers above
+        assert times == pytest.approx(expected, abs=0.051 if expected < 9.95 else 0.51)
+    value = hover_value(page, 2, 4, (3, 3), "probability")
+    multiple = re.search(r"\((\S+)/N\)$", page.locator("#hover-readout").inner_text()).group(1)
+    assert float(multiple) == pytest.approx(196 * value, abs=0.051 if 196 * value < 9.95 else 0.51)
+    page.locator("input[name=scale][value=shared]").check()
+    mark = page.locator("#colorbar-uniform")
+    assert mark.is_visible() and mark.inner_text() == "1/N"
+    track = page.locator("#colorbar-track").bounding_box()
+    top = max(m.max() for m in maps)
+    expected = track["x"] + track["width"] * (1 / 196) / top
+    assert mark.bounding_box()["x"] == pytest.approx(expected, abs=2)
     page.close()

@@ -7,17 +7,21 @@ import pytest
 import torch
 
 from attnconv.cli import main
+from attnconv.data import fashion_mnist
+from attnconv.errors import UserError
 from attnconv.models.heads import head_table
+from attnconv.models.pretrained import sample_images
 from attnconv.viz.distance import layer_distances
-from attnconv.viz.figures import attention_figure
+from attnconv.viz.figures import attention_figure, plot_model, pretrained_images
 from attnconv.viz.maps import compute_attention
+from test_data_fashion_mnist import write_fashion_folder
 from viz_helpers import save_checkpoint, small_model
 
 
 def test_hook_draws_contours_for_gaussian_models():
     model, _ = small_model("quadratic")
     fig = attention_figure(model, (8, 8))
-    gids = {c.get_gid() for ax in fig.axes for c in ax.collections}
+    gids = {c.get_gid() for ax in fig.axes for c in ax.collections} - {"token-grid"}
     assert gids == {
         f"layer{l}-head{h}-mass{m}" for l in range(2) for h in range(3) for m in ("0.5", "0.9")
     }
@@ -107,11 +111,14 @@ def test_plot_says_why_a_run_without_epoch_checkpoints_has_no_trajectories(tmp_p
     )
 
 
-def test_plot_content_model_uses_test_images(tmp_path):
+def test_plot_content_model_uses_test_images(tmp_path, capsys):
     model, config = small_model("learned-content")
     path = save_checkpoint(tmp_path / "model.pt", model, "learned-content", config)
     out = tmp_path / "figures"
     assert main(["plot", str(path), "--out", str(out), "--images", "3", "--image-index", "1"]) == 0
+    assert "content model: averaged over the first 3 test images of digits" in (
+        capsys.readouterr().out
+    )
     for name in ("contours", "maps", "maps_average", "distance"):
         assert (out / f"{name}.png").is_file() and (out / f"{name}.pdf").is_file()
     assert not (out / "trajectories.png").exists()
@@ -133,3 +140,57 @@ def test_plot_errors(tmp_path, capsys):
     path = save_checkpoint(tmp_path / "m.pt", model, "quadratic", config)
     assert main(["plot", str(path), "--out", str(tmp_path), "--query", "9", "0"]) == 2
     assert "outside the 8x8 token grid" in capsys.readouterr().err
+
+
+@pytest.fixture
+def fashion_dir(tmp_path, monkeypatch):
+    """A data folder with a 70-image Fashion-MNIST test set; the system copy hidden."""
+    monkeypatch.setattr(fashion_mnist, "SYSTEM_DIR", tmp_path / "not-installed")
+    arrays = write_fashion_folder(tmp_path / "data" / "fashion-mnist", n_train=5, n_test=70)
+    return tmp_path / "data", arrays["t10k-images-idx3-ubyte"]
+
+
+def test_pretrained_figures_take_as_many_test_images_as_asked(fashion_dir):
+    data_dir, test_images = fashion_dir
+    images, captions, source = pretrained_images(
+        "learned-content-fashion", 64, data_dir=str(data_dir)
+    )
+    expected = torch.from_numpy(test_images[:64].copy()).float().unsqueeze(1) / 255
+    torch.testing.assert_close(images, expected)
+    assert len(captions) == 64 and captions[63].startswith("test 63: ")
+    assert source == "the first 64 test images of fashion-mnist (read from the dataset)"
+    # an image index past the average still gets its image
+    images, _, _ = pretrained_images("learned-content-fashion", 3, 9, data_dir=str(data_dir))
+    torch.testing.assert_close(images, expected[:10])
+
+
+def test_pretrained_figures_use_the_shipped_images_unless_more_are_asked():
+    shipped, shipped_captions = sample_images("fashion-mnist")
+    images, captions, source = pretrained_images("learned-content-fashion", None)
+    torch.testing.assert_close(images, shipped)
+    assert captions == shipped_captions
+    assert source == f"the {shipped.shape[0]} test images of fashion-mnist shipped with the weights"
+    images, _, _ = pretrained_images("learned-content-fashion", 3)
+    torch.testing.assert_close(images, shipped[:3])
+
+
+def test_figures_refuse_to_average_over_more_images_than_given(tmp_path):
+    model, _ = small_model("learned-content")
+    images = torch.rand(3, 1, 8, 8)
+    labels = ["a", "b", "c"]
+    with pytest.raises(UserError, match="cannot average over 5 images, only 3 given"):
+        plot_model(model, tmp_path, "small", images, labels, num_images=5)
+    assert not list(tmp_path.iterdir())
+
+
+def test_pretrained_plot_without_the_dataset_says_why_in_one_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(fashion_mnist, "SYSTEM_DIR", tmp_path / "not-installed")
+    argv = ["plot", "--pretrained", "learned-content-fashion", "--images", "64"]
+    argv += ["--data-dir", str(tmp_path / "empty"), "--out", str(tmp_path / "out")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    shipped = sample_images("fashion-mnist")[0].shape[0]
+    assert f"64 test images of fashion-mnist asked for, {shipped} ship with the weights" in err
+    assert "dataset-fashion-mnist" in err  # how to get it
+    assert not (tmp_path / "out" / "maps_average.png").exists()

@@ -1,17 +1,23 @@
 """Attention maps: probabilities against closed forms, averaging over images, the map grid."""
 
+import re
+
 import numpy as np
 import pytest
 import torch
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 
 from attnconv import MultiHeadSelfAttention2d
+from attnconv.errors import UserError
 from attnconv.viz.maps import (
     AttentionMaps,
     attention_layers,
     compute_attention,
+    format_probability,
     map_grid_figure,
     query_index,
 )
+from attnconv.viz.style import MIN_CONTRAST, contrast_ratio
 from viz_helpers import small_model
 
 
@@ -97,7 +103,7 @@ def test_map_grid_shows_each_heads_map_zoomed_around_the_query():
     maps = compute_attention([layer, layer], (9, 10))
     query, window = (2, 7), 2
     fig = map_grid_figure(maps, query=query, window=window)
-    axes = np.array(fig.axes).reshape(2, 3)
+    axes = np.array(fig.axes[:6]).reshape(2, 3)  # then the colour bar
     expected = maps.query_maps(query)
     for layer_index in range(2):
         for head in range(3):
@@ -115,10 +121,77 @@ def test_map_grid_with_image_column_and_pruned_layers():
     )
     image = torch.rand(3, 6, 6)
     fig = map_grid_figure(maps, query=(1, 0), image=image)
-    axes = np.array(fig.axes).reshape(2, 3)
+    axes = np.array(fig.axes[:6]).reshape(2, 3)
     np.testing.assert_allclose(
         axes[0, 0].images[0].get_array(), image.permute(1, 2, 0).numpy(), atol=1e-7
     )
     (outline,) = axes[0, 0].patches
     assert (outline.get_x(), outline.get_y(), outline.get_width()) == (-0.5, 2.5, 3)
     assert not axes[1, 2].axison  # layer 1 has one head only
+
+
+def sharp_and_flat(grid=(10, 10)):
+    """Two layers: a sharp head and a near-uniform one each, centred on the query."""
+    layers = []
+    for spreads in ([1.5, 0.02], [0.7, 0.05]):
+        layer = MultiHeadSelfAttention2d(4, 2)
+        with torch.no_grad():
+            layer.position.centers.zero_()
+            layer.position.spread.copy_(torch.tensor(spreads))
+        layers.append(layer)
+    return compute_attention(layers, grid)
+
+
+def significant_digits(text: str) -> int:
+    return len(text.replace(".", "").lstrip("0"))
+
+
+@pytest.mark.parametrize(
+    ("value", "text"),
+    [(0.00552, "0.00552"), (0.0055, "0.00550"), (0.174, "0.174"), (0.012, "0.0120"), (1.0, "1.00")],
+)
+def test_probabilities_are_printed_with_three_significant_digits(value, text):
+    assert format_probability(value) == text
+
+
+def test_map_captions_give_the_maximum_and_its_multiple_of_uniform_in_dark_text():
+    maps = sharp_and_flat()
+    query = (5, 5)
+    fig = map_grid_figure(maps, query=query)
+    FigureCanvasAgg(fig).draw()
+    expected = maps.query_maps(query)
+    for layer in range(2):
+        for head in range(2):
+            ax = fig.axes[2 * layer + head]
+            peak = float(expected[layer][head].max())
+            match = re.fullmatch(r"max (\S+) = (\S+)/N", ax.get_xlabel())
+            assert match, ax.get_xlabel()
+            assert significant_digits(match.group(1)) == 3
+            assert float(match.group(1)) == pytest.approx(peak, rel=5e-3)
+            assert float(match.group(2)) == pytest.approx(100 * peak, abs=0.051, rel=0.01)
+            # under the map, on the figure's white, not on the map's colours
+            label = ax.xaxis.label
+            assert label.get_window_extent().y1 <= ax.get_window_extent().y0
+            assert contrast_ratio(label.get_color(), fig.get_facecolor()) >= MIN_CONTRAST
+            # per-map scale: from 0 to the map's own maximum
+            assert ax.images[0].get_clim() == pytest.approx((0.0, peak))
+    assert fig.axes[1].get_xlabel().endswith("= 1.0/N")  # the near-uniform head says so
+    bar = fig.axes[-1]
+    assert [t.get_text() for t in bar.get_yticklabels()] == ["0", "max"]
+    assert "1/N = 0.0100" in fig.get_suptitle()
+
+
+def test_shared_scale_is_one_colour_scale_with_the_uniform_level_on_its_bar():
+    maps = sharp_and_flat()
+    query = (5, 5)
+    fig = map_grid_figure(maps, query=query, scale="shared")
+    top = max(float(m.max()) for m in maps.query_maps(query))
+    for ax in fig.axes[:4]:
+        assert ax.images[0].get_clim() == pytest.approx((0.0, top))
+    bar = fig.axes[-1]
+    assert bar.get_ylim() == pytest.approx((0.0, top))
+    levels = [line.get_ydata()[0] for line in bar.lines]
+    assert levels and all(level == pytest.approx(1 / 100) for level in levels)
+    assert [t.get_text() for t in bar.texts] == ["1/N"]
+    with pytest.raises(UserError, match="scale must be one of map, shared"):
+        map_grid_figure(maps, query=query, scale="log")

@@ -5,6 +5,7 @@ import re
 
 import numpy as np
 import pytest
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 
 from attnconv.cli import main
 from attnconv.viz.report import (
@@ -117,6 +118,17 @@ def test_report_figure_draws_each_runs_curve_and_test_star(runs):
         )
     # the test accuracy is that of the best-validation checkpoint (epoch 2), not of the last epoch
     np.testing.assert_allclose(lines["test-0"].get_xydata(), [[2, 62.34]])
+
+
+def test_report_epoch_ticks_are_whole_numbers(runs):
+    fig = report_figure(
+        [load_run(path) for path in runs]
+    )  # three epochs: the auto ticks were 1, 1.25, …
+    FigureCanvasAgg(fig).draw()
+    ax = fig.axes[0]
+    low, high = ax.get_xlim()
+    ticks = [t for t in ax.get_xticks() if low <= t <= high]
+    assert ticks == [1.0, 2.0, 3.0]
 
 
 def test_report_legend_names_what_is_drawn(runs):

@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 import torch
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 
 from attnconv.viz.trajectories import load_center_trajectories, trajectory_figure
 from viz_helpers import save_checkpoint, small_model
@@ -40,6 +41,37 @@ def test_trajectories_match_the_saved_centres(tmp_path):
             line = lines[f"layer{layer}-head{head}"]
             np.testing.assert_allclose(line.get_xdata(), traj.centers[layer][:, head, 1])
             np.testing.assert_allclose(line.get_ydata(), traj.centers[layer][:, head, 0])
+
+
+def test_four_layers_fill_a_two_by_two_grid_with_readable_numbers(tmp_path):
+    write_epochs(tmp_path, [1, 2, 3], depth=4, heads=9)
+    traj = load_center_trajectories(tmp_path)
+    # every head's last centre close to one of two spots: their numbers would pile up
+    for layer in range(4):
+        traj.centers[layer][-1] = 0.05 * traj.centers[layer][-1] + np.array([0.5, 0.5])
+        traj.centers[layer][-1, ::2] += 1.0
+    fig = trajectory_figure(traj)
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    assert len(fig.axes) == 4
+    corners = {(round(ax.get_position().x0, 3), round(ax.get_position().y0, 3)) for ax in fig.axes}
+    assert len({x for x, _ in corners}) == 2 and len({y for _, y in corners}) == 2
+    for layer, ax in enumerate(fig.axes):
+        texts = [t for t in ax.texts if t.get_gid()]
+        assert sorted(t.get_gid() for t in texts) == sorted(
+            f"layer{layer}-head{h}-label" for h in range(9)
+        )
+        boxes = [t.get_bbox_patch().get_window_extent(renderer) for t in texts]
+        ends = [  # the filled circles of the last epoch: no number covers one
+            line.get_window_extent(renderer)
+            for line in ax.lines
+            if line.get_marker() == "o" and line.get_markerfacecolor() != "white"
+        ]
+        assert len(ends) == 9
+        for i, box in enumerate(boxes):
+            assert not any(box.overlaps(other) for other in boxes[i + 1 :])
+            assert not any(box.overlaps(end) for end in ends)
 
 
 def test_missing_and_inconsistent_checkpoints(tmp_path):

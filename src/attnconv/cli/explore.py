@@ -124,6 +124,11 @@ def pretrained_entries(args: argparse.Namespace) -> tuple[list, dict[str, str]]:
         if info.dataset not in samples:
             samples[info.dataset] = sample_images(info.dataset, folder)
         images, labels = samples[info.dataset]
+        if args.images is not None and args.images > images.shape[0]:
+            raise UserError(
+                f"--images {args.images}: {images.shape[0]} test images of {info.dataset} ship "
+                f"with the weights, and --pretrained shows only those"
+            )
         entries.append(
             SiteModel(
                 name=info.name,

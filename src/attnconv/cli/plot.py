@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 
+DEFAULT_IMAGES = 16  # test images a checkpoint's content model is averaged over
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
@@ -32,14 +34,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--images",
         type=int,
-        default=16,
-        help="models with content scores: average over this many test images (default: 16)",
+        help=f"models with content scores: average over this many test images (default: {DEFAULT_IMAGES}; "
+        "with --pretrained the 8 shipped with the weights, and more are read from --data-dir or "
+        "an installed copy of the dataset)",
     )
     parser.add_argument(
         "--image-index",
         type=int,
         default=0,
         help="models with content scores: the test image of the single-image figures (default: 0)",
+    )
+    parser.add_argument(
+        "--scale",
+        choices=("map", "shared"),
+        default="map",
+        help="colour scale of the maps: each map from 0 to its own maximum (default), or one "
+        "scale shared by all maps",
     )
     parser.add_argument("--data-dir", help="dataset folder (default: attnconv's data folder)")
 
@@ -49,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
     from attnconv.models.pretrained import checkpoint_or_pretrained
     from attnconv.viz.figures import plot_checkpoint, plot_pretrained
 
-    if args.images < 1:
+    if args.images is not None and args.images < 1:
         raise UserError(f"--images must be at least 1, got {args.images}")
     if args.image_index < 0:
         raise UserError(f"--image-index must be >= 0, got {args.image_index}")
@@ -58,14 +68,18 @@ def run(args: argparse.Namespace) -> int:
     options = {
         "query": None if args.query is None else tuple(args.query),
         "window": args.window,
-        "num_images": args.images,
         "image_index": args.image_index,
+        "data_dir": args.data_dir,
+        "scale": args.scale,
     }
     if checkpoint_or_pretrained(args.checkpoint, args.pretrained) == "pretrained":
-        result = plot_pretrained(args.pretrained, args.out, **options)
+        result = plot_pretrained(args.pretrained, args.out, num_images=args.images, **options)
     else:
-        result = plot_checkpoint(args.checkpoint, args.out, data_dir=args.data_dir, **options)
+        images = DEFAULT_IMAGES if args.images is None else args.images
+        result = plot_checkpoint(args.checkpoint, args.out, num_images=images, **options)
     print(result.table)
+    if result.image_source is not None:
+        print(f"content model: averaged over {result.image_source}")
     print(f"wrote {len(result.files)} files to {args.out}:")
     for path in result.files:
         print(f"  {path}")

@@ -4,25 +4,38 @@ A head's ``m``-mass region for a query is the smallest set of key tokens, taken 
 of probability, that holds at least a fraction ``m`` of the attention (ties at the threshold are all
 included, so the region is well defined). The figure draws each region's outline along token
 edges, so what is drawn is exactly the region: for a hard head (all mass on one token) the 50% and
-90% contours are the outline of that one token.
+90% contours are the outline of that one token. A diffuse head's regions spread over most of the
+grid and their outlines would tile it, so the figure outlines only concentrated regions
+(``is_concentrated``) and names the heads it leaves out.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
 from matplotlib.collections import LineCollection
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
-from matplotlib.patches import Rectangle
 from torch import Tensor
 
+from attnconv.viz.labels import HeadAnchor, Panel, label_panels, query_marker
 from attnconv.viz.maps import AttentionMaps, default_query, query_index
-from attnconv.viz.style import QUERY_COLOR, new_figure, palette_color
+from attnconv.viz.style import (
+    QUERY_MARKER,
+    new_figure,
+    palette_color,
+    panel_axes,
+    panel_grid,
+    wrap_text,
+)
 
 MASSES: tuple[float, ...] = (0.5, 0.9)
 LINESTYLES: tuple[str, ...] = ("solid", "dashed", "dotted", "dashdot")
+# A head's m-region is outlined only if it covers at most this fraction of the m·N tokens that
+# uniform attention spreads the mass m over (``is_concentrated``): diffuse heads would tile the grid.
+MAX_AREA = 0.25
 # Relative slack when comparing cumulative sums with the target mass (float rounding).
 _MASS_RTOL = 1e-6
 
@@ -73,43 +86,58 @@ def region_outline(mask: np.ndarray) -> np.ndarray:
     return np.array(segments, dtype=np.float64).reshape(-1, 2, 2)
 
 
+def is_concentrated(region: np.ndarray, mass: float, max_area: float) -> bool:
+    """Whether a ``mass`` region (boolean mask over the ``N`` key tokens) is worth outlining: it
+    covers at most ``max_area · mass · N`` tokens, a ``max_area`` fraction of the tokens that
+    uniform attention spreads that mass over."""
+    return int(np.count_nonzero(region)) <= max_area * mass * region.size
+
+
 def contour_figure(
     maps: AttentionMaps,
     query: tuple[int, int] | None = None,
     masses: Sequence[float] = MASSES,
     title: str | None = None,
+    max_area: float = MAX_AREA,
 ) -> Figure:
-    """One panel per layer: every head's mass contours around ``query`` on the token grid.
+    """One panel per layer (``style.panel_grid``): every head's mass contours around ``query`` on
+    the token grid.
 
-    Head ``h`` is drawn in ``palette_color(h)`` with its number written at the centre of mass of its
-    attention (``_label_heads``); the i-th mass uses line style ``LINESTYLES[i]``; the query token is
-    a black square. Each outline is a ``LineCollection`` with gid ``"layer{l}-head{h}-mass{m}"``.
+    Head ``h`` is drawn in ``palette_color(h)``; the i-th mass uses line style ``LINESTYLES[i]``.
+    A diffuse head would outline most of the grid, so a head's ``m``-region is drawn only when it
+    is concentrated (``is_concentrated`` with ``max_area``; 1 draws every region); each panel's
+    title lists the heads with no region drawn, and the figure says the rule. Every drawn head's
+    number (``labels.place_head_labels``) sits at the probability-weighted centre of its smallest
+    drawn region, or near it without covering another number or the query token's marker (a black
+    X). Each outline is a ``LineCollection`` with gid ``"layer{l}-head{h}-mass{m}"``.
     """
     query = default_query(maps.grid) if query is None else tuple(int(v) for v in query)
     query_index(query, maps.grid)
     if not 1 <= len(masses) <= len(LINESTYLES):
         raise ValueError(f"give 1 to {len(LINESTYLES)} masses, got {list(masses)}")
+    if not 0 < max_area <= 1 / min(masses):
+        raise ValueError(f"max_area must be in (0, {1 / min(masses):g}], got {max_area}")
     per_layer = maps.query_maps(query)
     h, w = maps.grid
-    columns = min(len(per_layer), 3)
-    rows = -(-len(per_layer) // columns)
-    fig = new_figure(3.6 * columns, 3.6 * rows + 0.9)
-    axes = fig.subplots(rows, columns, squeeze=False).ravel()
-    rr, cc = np.mgrid[0:h, 0:w]
+    rows, columns = panel_grid(len(per_layer))
+    fig = new_figure(3.4 * columns, 3.6 * rows + 1.2)
+    axes = panel_axes(fig, len(per_layer))
+    anchors: list[list[HeadAnchor]] = []
     for layer, layer_maps in enumerate(per_layer):
         ax = axes[layer]
-        ax.set_xticks(np.arange(-0.5, w, 1), minor=True)
-        ax.set_yticks(np.arange(-0.5, h, 1), minor=True)
-        ax.grid(which="minor", color="0.9", linewidth=0.5)
-        ax.tick_params(which="minor", length=0)
-        ax.add_patch(Rectangle((query[1] - 0.5, query[0] - 0.5), 1, 1, color=QUERY_COLOR, zorder=3))
-        centres = []  # (x, y) centre of mass of each head's attention
+        ax.add_collection(token_grid_lines(h, w))
+        ax.plot(query[1], query[0], zorder=7, **QUERY_MARKER)
+        layer_anchors, diffuse = [], []
         for head in range(layer_maps.shape[0]):
             values = _as_array(layer_maps[head])
             color = palette_color(head)
+            drawn = []
             for mass, style in zip(masses, LINESTYLES, strict=False):
+                region = mass_region(values, mass)
+                if not is_concentrated(region, mass, max_area):
+                    continue
                 lines = LineCollection(
-                    region_outline(mass_region(values, mass)),
+                    region_outline(region),
                     colors=color,
                     linestyles=style,
                     linewidths=2.0 if mass == masses[0] else 1.3,
@@ -117,18 +145,23 @@ def contour_figure(
                 )
                 lines.set_gid(f"layer{layer}-head{head}-mass{mass:g}")
                 ax.add_collection(lines)
-            weight = values / values.sum()
-            centres.append(((weight * cc).sum(), (weight * rr).sum()))
-        _label_heads(ax, layer, centres)
+                drawn.append(region)
+            if not drawn:
+                diffuse.append(head)
+                continue
+            peak = np.unravel_index(np.argmax(values), values.shape)
+            layer_anchors.append(HeadAnchor(head, float(peak[1]), float(peak[0])))
+        anchors.append(layer_anchors)
         ax.set_xlim(-0.5, w - 0.5)
         ax.set_ylim(h - 0.5, -0.5)
         ax.set_aspect("equal")
-        ax.set_title(f"layer {layer}", fontsize=10)
+        panel = f"layer {layer}"
+        if diffuse:
+            panel += f"\nnot drawn (diffuse): {_heads_text(diffuse)}"
+        ax.set_title(panel, fontsize=9)
         ax.set_xlabel("column (token)", fontsize=8)
         ax.set_ylabel("row (token)", fontsize=8)
         ax.tick_params(labelsize=7)
-    for ax in axes[len(per_layer) :]:
-        ax.set_axis_off()
     heads = max(m.shape[0] for m in per_layer)
     handles = [
         Line2D([], [], color=palette_color(k), linewidth=2, label=f"head {k}") for k in range(heads)
@@ -137,62 +170,59 @@ def contour_figure(
         Line2D([], [], color="0.3", linestyle=style, label=f"{mass:.0%} of the mass")
         for mass, style in zip(masses, LINESTYLES, strict=False)
     ]
-    handles.append(
-        Line2D([], [], color=QUERY_COLOR, marker="s", linestyle="none", label="query token")
-    )
+    handles.append(Line2D([], [], label="query token", **QUERY_MARKER))
     fig.legend(
         handles=handles,
         loc="outside lower center",
-        ncol=min(len(handles), 2 * columns + 1),
+        ncol=min(len(handles), 6),
         fontsize=8,
         frameon=False,
     )
+    heading = title or f"Attention mass contours for query token {query} ({maps.description})"
     fig.suptitle(
-        title or f"Attention mass contours for query token {query} ({maps.description})",
-        fontsize=11,
+        heading + "\n" + wrap_text(_rule_text(masses, max_area, h * w), fig, 10),
+        fontsize=10,
+    )
+    marker = query_marker(query[1], query[0])
+    label_panels(
+        fig,
+        [
+            Panel(ax, layer_anchors, f"layer{layer}-", [marker])
+            for layer, (ax, layer_anchors) in enumerate(zip(axes, anchors, strict=True))
+        ],
     )
     return fig
 
 
-# Width of a head number in points: per digit (fontsize 8, bold), plus the gap between numbers.
-_DIGIT_PT = 5.5
-_GAP_PT = 3.0
+def token_grid_lines(h: int, w: int) -> LineCollection:
+    """Thin light lines along the token edges of an ``h × w`` grid (one collection: cheaper to
+    lay out than a tick per edge)."""
+    rows = [((-0.5, r - 0.5), (w - 0.5, r - 0.5)) for r in range(h + 1)]
+    cols = [((c - 0.5, -0.5), (c - 0.5, h - 0.5)) for c in range(w + 1)]
+    lines = LineCollection(rows + cols, colors="0.9", linewidths=0.5, zorder=0)
+    lines.set_gid("token-grid")
+    return lines
 
 
-def _label_heads(ax, layer: int, centres: list[tuple[float, float]]) -> None:
-    """Write each head's number at the centre of mass ``(x, y)`` of its attention, as a text with gid
-    ``"layer{l}-head{h}-label"``. Heads whose centres fall on the same token (the same tap) would
-    print on top of each other: their numbers are set side by side, centred on their mean centre.
-    """
-    taps: dict[tuple[int, int], list[int]] = {}
-    for head, (x, y) in enumerate(centres):
-        taps.setdefault((int(np.floor(y + 0.5)), int(np.floor(x + 0.5))), []).append(head)
-    for heads in taps.values():
-        x = float(np.mean([centres[head][0] for head in heads]))
-        y = float(np.mean([centres[head][1] for head in heads]))
-        widths = [_DIGIT_PT * len(str(head)) + _GAP_PT for head in heads]
-        left = -sum(widths) / 2
-        for head, width in zip(heads, widths, strict=True):
-            text = ax.annotate(
-                str(head),
-                xy=(x, y),
-                xytext=(left + width / 2, 0),
-                textcoords="offset points",
-                color=palette_color(head),
-                fontsize=8,
-                fontweight="bold",
-                ha="center",
-                va="center",
-                zorder=5,
-                bbox={
-                    "boxstyle": "round,pad=0.1",
-                    "facecolor": "white",
-                    "alpha": 0.7,
-                    "linewidth": 0,
-                },
-            )
-            text.set_gid(f"layer{layer}-head{head}-label")
-            left += width
+def _rule_text(masses: Sequence[float], max_area: float, tokens: int) -> str:
+    """The figure's statement of which regions are drawn."""
+    sizes = ", ".join(f"{math.floor(max_area * m * tokens)} for {m:.0%}" for m in masses)
+    return (
+        f"Only concentrated regions are outlined: at most {max_area:.0%} of the tokens uniform "
+        f"attention spreads that mass over ({sizes}, of {tokens} tokens)."
+    )
+
+
+def _heads_text(heads: Sequence[int]) -> str:
+    """``"head 3"``, ``"heads 0, 2–5, 8"``: runs of consecutive heads as ranges."""
+    runs: list[list[int]] = []
+    for head in heads:
+        if runs and head == runs[-1][-1] + 1:
+            runs[-1].append(head)
+        else:
+            runs.append([head])
+    parts = [str(r[0]) if len(r) == 1 else f"{r[0]}\u2013{r[-1]}" for r in runs]
+    return ("head " if len(heads) == 1 else "heads ") + ", ".join(parts)
 
 
 def _as_array(values: Tensor | np.ndarray) -> np.ndarray:

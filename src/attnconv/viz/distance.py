@@ -97,10 +97,23 @@ def _value(value: Any) -> Any:
     return ("yes" if value else "no") if isinstance(value, bool) else value
 
 
-def distance_figure(distances: Sequence[Tensor], stem: int = 1, title: str | None = None) -> Figure:
+def uniform_distance(grid: tuple[int, int]) -> float:
+    """Attention distance (tokens) of a head that attends uniformly over ``grid = (h, w)``: the
+    mean distance between two tokens, 7.28 on 14×14. Heads near it look everywhere alike."""
+    return float(pairwise_distances(grid).mean())
+
+
+def distance_figure(
+    distances: Sequence[Tensor],
+    stem: int = 1,
+    title: str | None = None,
+    grid: tuple[int, int] | None = None,
+) -> Figure:
     """Attention distance of each head (a dot in its colour) against the layer, with the mean of
-    each layer as a black line. ``stem`` > 1 adds a right axis in input pixels."""
-    fig = new_figure(6.0, 4.0)
+    each layer as a black line. ``grid`` (the token grid) adds a dashed line at the distance of
+    uniform attention (``uniform_distance``). ``stem`` > 1 adds a right axis in input pixels.
+    Every dot lies inside the axes; the title may have several lines."""
+    fig = new_figure(6.4, 4.8)
     ax = fig.subplots()
     layers = np.arange(len(distances))
     offsets = np.linspace(-0.25, 0.25, max(d.shape[0] for d in distances))
@@ -128,14 +141,29 @@ def distance_figure(distances: Sequence[Tensor], stem: int = 1, title: str | Non
         label="layer mean",
         zorder=2,
     )
+    top = max(float(d.max()) for d in distances)
+    if grid is not None:
+        uniform = uniform_distance(grid)
+        line = ax.axhline(
+            uniform,
+            color="0.35",
+            linestyle="--",
+            linewidth=1,
+            zorder=1,
+            label=f"uniform attention ({uniform:.2f} on {grid[0]}×{grid[1]})",
+        )
+        line.set_gid("uniform")
+        top = max(top, uniform)
     ax.set_xticks(layers)
+    ax.set_xlim(-0.5, len(distances) - 0.5)
     ax.set_xlabel("layer")
     ax.set_ylabel("attention distance (tokens)")
-    ax.set_ylim(bottom=0)
+    # room above the highest dot (its marker is about 0.04 of the axes tall)
+    ax.set_ylim(0, top * 1.1 if top > 0 else 1.0)
     ax.grid(axis="y", color="0.9")
     if stem > 1:
         secondary = ax.secondary_yaxis("right", functions=(lambda d: d * stem, lambda p: p / stem))
         secondary.set_ylabel("input pixels")
-    fig.legend(fontsize=7, loc="outside right upper", frameon=False)
-    ax.set_title(title or "Mean distance between query and attended tokens, per head", fontsize=10)
+    fig.legend(fontsize=7, loc="outside lower center", ncol=6, frameon=False)
+    fig.suptitle(title or "Mean distance between query and attended tokens, per head", fontsize=10)
     return fig

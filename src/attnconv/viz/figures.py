@@ -66,13 +66,22 @@ def checkpoint_path(path: str | Path) -> Path:
     return path
 
 
-def test_images(dataset: str, count: int, data_dir: str | None) -> tuple[Tensor, list[str]]:
-    """The first ``count`` test images of ``dataset`` as floats in ``[0, 1]`` and their captions."""
+def test_images(
+    dataset: str, count: int, data_dir: str | None, download: bool = True
+) -> tuple[Tensor, list[str]]:
+    """The first ``count`` test images of ``dataset`` as floats in ``[0, 1]`` and their captions;
+    UserError if the test set has fewer. ``download=False``: FileNotFoundError (saying how to get
+    the dataset) instead of fetching missing files."""
     from attnconv.data import load_splits
 
     if count < 1:
         raise UserError(f"need at least one test image, got {count}")
-    splits = load_splits(dataset, data_dir=data_dir)
+    # only the test split is used: no validation images need carving out of the training set
+    splits = load_splits(dataset, data_dir=data_dir, val_size=0, download=download)
+    if len(splits.test) < count:
+        raise UserError(
+            f"{dataset} has {len(splits.test)} test images, fewer than the {count} asked for"
+        )
     images = splits.test.images[:count].float() / 255.0
     labels = [
         f"test {i}: {splits.classes[int(y)]}" for i, y in enumerate(splits.test.labels[:count])
@@ -84,13 +93,15 @@ def test_images(dataset: str, count: int, data_dir: str | None) -> tuple[Tensor,
 class PlotResult:
     """What ``plot_checkpoint`` wrote: the figure files, the head table rows and its text, the
     attention the distances were computed from (for content models, averaged over images), and
-    why a figure the model could have was not drawn (one line each)."""
+    why a figure the model could have was not drawn (one line each), and for content models
+    where their test images came from."""
 
     files: list[Path]
     heads: list[dict[str, Any]]
     table: str
     maps: AttentionMaps
     not_drawn: list[str]
+    image_source: str | None = None
 
 
 def plot_checkpoint(
@@ -101,6 +112,7 @@ def plot_checkpoint(
     num_images: int = 16,
     image_index: int = 0,
     data_dir: str | None = None,
+    scale: str = "map",
 ) -> PlotResult:
     """Write every figure of a checkpoint (or run folder) into ``out_dir`` as PNG and PDF
     (``plot_model``). Models with content scores use the first ``max(num_images, image_index + 1)``
@@ -112,12 +124,12 @@ def plot_checkpoint(
     model, checkpoint = load_model(path)
     if not hasattr(model, "attention_layers"):
         raise UserError(f"{str(path)!r} holds a {type(model).__name__}, which has no attention")
-    images = labels = None
+    images = labels = source = None
     if not is_position_only(model):
-        images, labels = test_images(
-            checkpoint["dataset"], max(num_images, image_index + 1), data_dir
-        )
-    return plot_model(
+        count = max(num_images, image_index + 1)
+        images, labels = test_images(checkpoint["dataset"], count, data_dir)
+        source = f"the first {count} test images of {checkpoint['dataset']}"
+    result = plot_model(
         model,
         out_dir,
         f"{checkpoint['preset']}, epoch {checkpoint['epoch']}",
@@ -128,7 +140,10 @@ def plot_checkpoint(
         num_images=num_images,
         image_index=image_index,
         run=RunDir.of_checkpoint(path),
+        scale=scale,
     )
+    result.image_source = source
+    return result
 
 
 def plot_model(
@@ -139,9 +154,10 @@ def plot_model(
     labels: list[str] | None = None,
     query: tuple[int, int] | None = None,
     window: int | None = None,
-    num_images: int = 16,
+    num_images: int | None = None,
     image_index: int = 0,
     run: RunDir | None = None,
+    scale: str = "map",
 ) -> PlotResult:
     """Write every figure of ``model`` (called ``name`` in titles) into ``out_dir``, PNG and PDF.
 
@@ -151,7 +167,8 @@ def plot_model(
     ``run``, when there are any) and ``heads.csv`` (the head table with attention distances).
     Models with content scores need ``images`` (float ``(B, C, H, W)`` in ``[0, 1]``) and a caption
     per image: maps and contours for image ``image_index``, plus ``maps_average`` and the
-    distances over the first ``num_images``.
+    distances over the first ``num_images`` (all when None; UserError if there are fewer). ``scale``: the maps'
+    colour scale, ``"map"`` (each its own) or ``"shared"`` (``map_grid_figure``).
     """
     if not hasattr(model, "attention_layers"):
         raise UserError(f"{name} is a {type(model).__name__}, which has no attention")
@@ -165,11 +182,19 @@ def plot_model(
             raise UserError(f"{name} has content scores: its figures need test images")
         if not 0 <= image_index < images.shape[0]:
             raise UserError(f"image_index {image_index} is outside the {images.shape[0]} images")
+        if num_images is None:
+            num_images = images.shape[0]
+        if num_images > images.shape[0]:
+            raise UserError(
+                f"{name}: cannot average over {num_images} images, only {images.shape[0]} given"
+            )
         image = images[image_index]
         maps = compute_attention(model, image_size, image[None])
         maps.description = labels[image_index]
         averaged = compute_attention(model, image_size, images[:num_images])
-    files, distances = attention_figures(maps, averaged, out, name, image, query, window)
+    files, distances = attention_figures(
+        maps, averaged, out, name, image, query, window, scale=scale
+    )
     not_drawn = []
     if is_gaussian(model) and run is not None:
         if run.epoch_checkpoints():
@@ -193,23 +218,30 @@ def attention_figures(
     image: Tensor | None = None,
     query: tuple[int, int] | None = None,
     window: int | None = None,
+    scale: str = "map",
 ) -> tuple[list[Path], list[Tensor]]:
     """The attention figures of ``plot_model`` from attention already computed, PNG and PDF:
     ``maps_average`` (of ``averaged``, when it is not ``maps`` itself), ``contours`` and ``maps``
     (of ``maps``, with ``image`` ``(C, H, W)`` beside them when given), ``distance`` (of
-    ``averaged``; ``name`` goes into its title). Returns the files and each layer's ``(heads,)``
-    attention distances in tokens."""
+    ``averaged``; ``name`` goes into its title); ``scale`` the maps' colour scale
+    (``map_grid_figure``). Returns the files and each layer's ``(heads,)`` attention distances in
+    tokens."""
     out = Path(out_dir)
     files: list[Path] = []
     if averaged is not maps:
-        files += save_figure(map_grid_figure(averaged, query, window), out, "maps_average")
+        files += save_figure(
+            map_grid_figure(averaged, query, window, scale=scale), out, "maps_average"
+        )
     files += save_figure(contour_figure(maps, query), out, "contours")
-    files += save_figure(map_grid_figure(maps, query, window, image=image), out, "maps")
+    files += save_figure(
+        map_grid_figure(maps, query, window, image=image, scale=scale), out, "maps"
+    )
     distances = layer_distances(averaged)
     files += save_figure(
         distance_figure(
             distances,
             stem=averaged.stem,
+            grid=averaged.grid,
             title=f"Attention distance per head\n{name}\n{averaged.description}",
         ),
         out,
@@ -218,23 +250,58 @@ def attention_figures(
     return files, distances
 
 
+def pretrained_images(
+    name: str, num_images: int | None, image_index: int = 0, data_dir: str | None = None
+) -> tuple[Tensor, list[str], str]:
+    """Test images for the figures of the shipped content model ``name``: ``(images, captions,
+    where they came from)``, at least ``max(num_images, image_index + 1)`` of them.
+
+    The test images shipped beside the weights (``attnconv.models.pretrained.sample_images``;
+    ``num_images=None`` takes all of them) when they are enough and ``data_dir`` is not given;
+    else the first test images of the dataset, from ``data_dir`` or an installed copy, never
+    downloaded (UserError, one line, saying how to get the dataset when it is not there).
+    """
+    from attnconv.models.pretrained import pretrained_info, sample_images
+
+    dataset = pretrained_info(name).dataset
+    images, labels = sample_images(dataset)
+    shipped = images.shape[0]
+    needed = max(shipped if num_images is None else num_images, image_index + 1)
+    if needed <= shipped and data_dir is None:
+        return (
+            images[:needed],
+            labels[:needed],
+            f"the {needed} test images of {dataset} shipped with the weights",
+        )
+    try:
+        images, labels = test_images(dataset, needed, data_dir, download=False)
+    except FileNotFoundError as err:
+        raise UserError(
+            f"{needed} test images of {dataset} asked for, {shipped} ship with the weights, and "
+            f"the dataset is not here: {err}"
+        ) from err
+    return images, labels, f"the first {needed} test images of {dataset} (read from the dataset)"
+
+
 def plot_pretrained(
     name: str,
     out_dir: str | Path,
     query: tuple[int, int] | None = None,
     window: int | None = None,
-    num_images: int = 16,
+    num_images: int | None = None,
     image_index: int = 0,
+    data_dir: str | None = None,
+    scale: str = "map",
 ) -> PlotResult:
-    """``plot_model`` for a model shipped with attnconv, offline: content models use the test
-    images shipped beside the weights (``attnconv.models.pretrained.sample_images``)."""
-    from attnconv.models.pretrained import load_pretrained, pretrained_info, sample_images
+    """``plot_model`` for a model shipped with attnconv; a content model's test images are
+    ``pretrained_images``' (by default the ones shipped with the weights, all of them)."""
+    from attnconv.models.pretrained import load_pretrained
 
     model = load_pretrained(name)
-    images = labels = None
+    images = labels = source = None
     if hasattr(model, "attention_layers") and not is_position_only(model):
-        images, labels = sample_images(pretrained_info(name).dataset)
-    return plot_model(
+        images, labels, source = pretrained_images(name, num_images, image_index, data_dir)
+    result = plot_model(
         model,
         out_dir,
         f"{name} (shipped)",
@@ -244,7 +311,10 @@ def plot_pretrained(
         window=window,
         num_images=num_images,
         image_index=image_index,
+        scale=scale,
     )
+    result.image_source = source
+    return result
 
 
 def _head_rows(model: nn.Module) -> list[dict[str, Any]]:

@@ -11,6 +11,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+from matplotlib.cm import ScalarMappable
+from matplotlib.colors import Normalize
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 from torch import Tensor, nn
@@ -169,32 +171,57 @@ def window_limits(center: int, radius: int | None, size: int) -> tuple[float, fl
     return max(center - radius, 0) - 0.5, min(center + radius, size - 1) + 0.5
 
 
+SCALES: tuple[str, ...] = ("map", "shared")
+
+
+def format_probability(value: float) -> str:
+    """A probability with three significant digits (``0.174``, ``0.00552``): small maxima stay
+    readable where two decimals would print ``0.01``."""
+    return f"{value:#.3g}".rstrip(".")
+
+
+def uniform_multiple(value: float, tokens: int) -> str:
+    """``value`` as a multiple of the uniform level ``1/tokens``: ``"34/N"``, ``"1.1/N"``."""
+    times = value * tokens
+    return f"{times:.0f}/N" if times >= 9.95 else f"{times:.1f}/N"
+
+
 def map_grid_figure(
     maps: AttentionMaps,
     query: tuple[int, int] | None = None,
     window: int | None = None,
     image: Tensor | None = None,
     title: str | None = None,
+    scale: str = "map",
 ) -> Figure:
-    """Layer × head grid of attention maps for one query token.
+    """Layer × head grid of attention maps for one query token, with a colour bar.
 
-    Each map shows a head's probabilities over the key tokens, on its own colour scale from 0 to
-    its maximum (printed in the corner); the query token is outlined. ``window`` zooms every map
-    to the tokens within ``window`` rows and columns of the query. ``image`` (``(C, H, W)`` in
-    ``[0, 1]``) is drawn in an extra first column with the query's pixels outlined.
+    ``scale="map"``: each map on its own colour scale from 0 to its maximum, printed under it
+    (``format_probability``) with its multiple of the uniform level ``1/N`` (``N`` key tokens), so
+    that a near-uniform map, bright under its own scale, reads as ``max … = 1.1/N``.
+    ``scale="shared"``: one scale from 0 to the largest value of all maps; the colour bar marks
+    ``1/N``. The query token is outlined. ``window`` zooms every map to the tokens within
+    ``window`` rows and columns of the query. ``image`` (``(C, H, W)`` in ``[0, 1]``) is drawn in
+    an extra first column with the query's pixels outlined.
     """
     query = default_query(maps.grid) if query is None else query
     query_index(query, maps.grid)
     if window is not None and window < 0:
         raise UserError(f"window must be a non-negative number of tokens, got {window}")
+    if scale not in SCALES:
+        raise UserError(f"scale must be one of {', '.join(SCALES)}, got {scale!r}")
     per_layer = maps.query_maps(query)
     heads = max(m.shape[0] for m in per_layer)
     columns = heads + (image is not None)
-    fig = new_figure(1.25 * columns + 0.6, 1.25 * len(per_layer) + 0.8)
+    fig = new_figure(1.25 * columns + 1.3, 1.4 * len(per_layer) + 1.0)
     axes = fig.subplots(len(per_layer), columns, squeeze=False)
     h, w = maps.grid
+    tokens = h * w
     row_limits = window_limits(query[0], window, h)
     col_limits = window_limits(query[1], window, w)
+    top = max(float(m.max()) for m in per_layer)
+    shared = (0.0, top if top > 0 else 1.0)
+    map_axes = []
     for layer, layer_maps in enumerate(per_layer):
         first = int(image is not None)
         if image is not None and layer == 0:
@@ -206,15 +233,11 @@ def map_grid_figure(
             if head >= layer_maps.shape[0]:
                 ax.set_axis_off()
                 continue
+            map_axes.append(ax)
             values = layer_maps[head].numpy()
             peak = float(values.max())
-            ax.imshow(
-                values,
-                cmap=MAP_CMAP,
-                vmin=0.0,
-                vmax=peak if peak > 0 else 1.0,
-                interpolation="nearest",
-            )
+            vmin, vmax = shared if scale == "shared" else (0.0, peak if peak > 0 else 1.0)
+            ax.imshow(values, cmap=MAP_CMAP, vmin=vmin, vmax=vmax, interpolation="nearest")
             ax.add_patch(
                 Rectangle(
                     (query[1] - 0.5, query[0] - 0.5),
@@ -227,15 +250,12 @@ def map_grid_figure(
             )
             ax.set_xlim(*col_limits)
             ax.set_ylim(row_limits[1], row_limits[0])
-            ax.text(
-                0.97,
-                0.03,
-                f"{peak:.2f}",
-                transform=ax.transAxes,
-                ha="right",
-                va="bottom",
-                fontsize=6,
-                color="white",
+            # under the map, in dark text on the figure's white: readable whatever the colours
+            ax.set_xlabel(
+                f"max {format_probability(peak)} = {uniform_multiple(peak, tokens)}",
+                fontsize=6.5,
+                color="0.15",
+                labelpad=1.5,
             )
             ax.set_xticks([])
             ax.set_yticks([])
@@ -243,14 +263,51 @@ def map_grid_figure(
                 ax.set_title(f"head {head}", fontsize=9)
             if head == 0:
                 ax.set_ylabel(f"layer {layer}", fontsize=9)
+    _colorbar(fig, map_axes, scale, shared, tokens)
     zoom = "" if window is None else f", window ±{window}"
+    colours = (
+        "colour: one scale for all maps"
+        if scale == "shared"
+        else "colour: 0 to each map's maximum, printed under it"
+    )
     fig.suptitle(
         title
         or f"Attention from query token {tuple(query)} ({maps.description}{zoom})\n"
-        "colour: 0 to each map's maximum, printed in its corner",
+        f"{colours}; uniform attention is 1/N = {format_probability(1 / tokens)} "
+        f"on each of the N = {tokens} tokens",
         fontsize=10,
     )
     return fig
+
+
+def _colorbar(fig: Figure, axes: list, scale: str, shared: tuple[float, float], tokens: int):
+    """The colour bar beside the maps: probabilities on the shared scale with ``1/N`` marked, or
+    0 to "max" for per-map scales."""
+    if scale == "shared":
+        mappable = ScalarMappable(Normalize(*shared), cmap=MAP_CMAP)
+        bar = fig.colorbar(mappable, ax=axes, shrink=0.8, aspect=30, pad=0.01)
+        bar.set_label("probability (all maps)", fontsize=8)
+        uniform = 1 / tokens
+        if uniform <= shared[1]:
+            bar.ax.axhline(uniform, color="white", linewidth=1.5)
+            bar.ax.axhline(uniform, color="black", linewidth=0.8, linestyle=(0, (2, 1)))
+            bar.ax.annotate(
+                "1/N",
+                xy=(0, uniform),
+                xycoords=("axes fraction", "data"),
+                xytext=(-3, 0),
+                textcoords="offset points",
+                ha="right",
+                va="center",
+                fontsize=7,
+            )
+    else:
+        mappable = ScalarMappable(Normalize(0.0, 1.0), cmap=MAP_CMAP)
+        bar = fig.colorbar(mappable, ax=axes, shrink=0.8, aspect=30, pad=0.01)
+        bar.set_ticks([0.0, 1.0], labels=["0", "max"])
+        bar.set_label("probability, 0 to each map's maximum", fontsize=8)
+    bar.ax.tick_params(labelsize=7)
+    return bar
 
 
 def _draw_image(ax, image: Tensor, query: tuple[int, int], stem: int) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
+from matplotlib.ticker import MaxNLocator
 
 from attnconv.errors import UserError
 from attnconv.runs import RunDir
@@ -227,7 +228,8 @@ TEST_LABEL = "test accuracy of the best-validation checkpoint"
 def report_figure(runs: Sequence[Run], title: str | None = None) -> Figure:
     """Validation accuracy (%) against epoch, one line per run in its own colour, labelled with a
     name that tells the runs apart (``run_labels``); a finished run's test accuracy is a star at the
-    epoch of the checkpoint it was measured on (``test_point``). Each run's line has gid
+    epoch of the checkpoint it was measured on (``test_point``). Epoch ticks are whole numbers.
+    Each run's line has gid
     ``"val-{i}"`` and its star ``"test-{i}"``."""
     if not runs:
         raise UserError("no runs to plot")
@@ -259,6 +261,7 @@ def report_figure(runs: Sequence[Run], title: str | None = None) -> Figure:
             star.set_gid(f"test-{index}")
             stars = True
     ax.set_xlabel("epoch")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # epochs are whole numbers
     ax.set_ylabel("accuracy (%)")
     ax.grid(color="0.9")
     handles, _ = ax.get_legend_handles_labels()

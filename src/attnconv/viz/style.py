@@ -1,9 +1,14 @@
-"""Shared look of every figure: a colour-blind-safe palette, fonts, and saving to PNG and PDF."""
+"""Shared look of every figure: a colour-blind-safe palette, readable text colours, panel grids,
+fonts, and saving to PNG and PDF."""
 
 from __future__ import annotations
 
+import math
+import textwrap
 from pathlib import Path
 
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.colors import to_rgb
 from matplotlib.figure import Figure
 
 # Paul Tol's "muted" qualitative scheme: nine colours distinguishable under the common forms of
@@ -23,6 +28,20 @@ HEAD_COLORS: tuple[str, ...] = (
 # Sequential colour map for attention maps: perceptually uniform and colour-blind safe.
 MAP_CMAP = "viridis"
 QUERY_COLOR = "black"
+# The query token's marker: a black X with a white rim, drawn at the token's centre so that it
+# hides neither the outlines on the token's edges nor what lies around it.
+QUERY_MARKER = {
+    "marker": "X",
+    "markersize": 9,
+    "markerfacecolor": QUERY_COLOR,
+    "markeredgecolor": "white",
+    "markeredgewidth": 1.0,
+    "linestyle": "none",
+}
+# Smallest contrast ratio of text on its background (WCAG 2 level AA for normal text).
+MIN_CONTRAST = 4.5
+# Most panels side by side in a figure of one panel per layer.
+MAX_COLUMNS = 4
 
 
 def palette_color(index: int) -> str:
@@ -30,10 +49,68 @@ def palette_color(index: int) -> str:
     return HEAD_COLORS[index % len(HEAD_COLORS)]
 
 
+def relative_luminance(color: str | tuple[float, ...]) -> float:
+    """WCAG 2 relative luminance of a colour (any matplotlib colour spec), in ``[0, 1]``."""
+    linear = [v / 12.92 if v <= 0.04045 else ((v + 0.055) / 1.055) ** 2.4 for v in to_rgb(color)]
+    return 0.2126 * linear[0] + 0.7152 * linear[1] + 0.0722 * linear[2]
+
+
+def contrast_ratio(a: str | tuple[float, ...], b: str | tuple[float, ...]) -> float:
+    """WCAG 2 contrast ratio of two colours, from 1 (same luminance) to 21 (black on white)."""
+    high, low = sorted((relative_luminance(a), relative_luminance(b)), reverse=True)
+    return (high + 0.05) / (low + 0.05)
+
+
+def text_color_on(background: str | tuple[float, ...]) -> str:
+    """``"black"`` or ``"white"``, whichever contrasts more with ``background``."""
+    return (
+        "black"
+        if contrast_ratio("black", background) >= contrast_ratio("white", background)
+        else "white"
+    )
+
+
+def panel_grid(count: int) -> tuple[int, int]:
+    """``(rows, columns)`` for ``count`` panels: no more rows than columns, at most
+    ``MAX_COLUMNS`` columns (more rows only past ``MAX_COLUMNS²`` panels), as few empty cells as
+    possible, then as square as possible: 3 → 1×3, 4 → 2×2, 6 → 2×3, 8 → 2×4, 12 → 3×4."""
+    if count < 1:
+        raise ValueError(f"need at least one panel, got {count}")
+    widths = [c for c in range(1, min(count, MAX_COLUMNS) + 1) if math.ceil(count / c) <= c]
+    if not widths:
+        return math.ceil(count / MAX_COLUMNS), MAX_COLUMNS
+
+    def cost(columns: int) -> tuple[int, int]:
+        rows = math.ceil(count / columns)
+        return rows * columns - count, columns - rows
+
+    columns = min(widths, key=cost)
+    return math.ceil(count / columns), columns
+
+
+def panel_axes(fig: Figure, count: int) -> list:
+    """``count`` axes on ``fig`` in a ``panel_grid(count)`` layout, row by row; the grid's spare
+    cells get no axes (no empty panels)."""
+    rows, columns = panel_grid(count)
+    axes = list(fig.subplots(rows, columns, squeeze=False).ravel())
+    for ax in axes[count:]:
+        fig.delaxes(ax)
+    return axes[:count]
+
+
+def wrap_text(text: str, fig: Figure, fontsize: float) -> str:
+    """``text`` broken into lines that fit the width of ``fig`` at ``fontsize`` points (an
+    average character is taken as 0.55 em wide)."""
+    width_pt = fig.get_figwidth() * 72
+    return textwrap.fill(text, width=max(20, int(width_pt / (0.55 * fontsize)) - 4))
+
+
 def new_figure(width: float, height: float) -> Figure:
-    """A figure of ``width × height`` inches, not registered with pyplot (no global state)."""
+    """A figure of ``width × height`` inches, not registered with pyplot (no global state), with
+    an Agg canvas so that text can be measured before saving (``fig.canvas.get_renderer()``)."""
     fig = Figure(figsize=(width, height), layout="constrained")
     fig.set_dpi(100)
+    FigureCanvasAgg(fig)
     return fig
 
 

@@ -12,14 +12,15 @@ from pathlib import Path
 import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
-from matplotlib.patches import Rectangle
 
 from attnconv.errors import UserError
 from attnconv.models.checkpoint import load_checkpoint
 from attnconv.runs import RunDir
-from attnconv.viz.style import QUERY_COLOR, new_figure, palette_color
+from attnconv.viz.labels import HeadAnchor, Marker, Panel, label_panels, query_marker
+from attnconv.viz.style import QUERY_MARKER, new_figure, palette_color, panel_axes, panel_grid
 
 CENTERS_SUFFIX = "centers"
+END_MARKER = 6  # points across the circles of the first and last epochs
 
 
 @dataclass
@@ -90,19 +91,20 @@ def load_center_trajectories(run_dir: str | Path) -> CenterTrajectories:
 def trajectory_figure(trajectories: CenterTrajectories, title: str | None = None) -> Figure:
     """One panel per layer: each head's centre ``Δ`` over the epochs, relative to the query.
 
-    Head ``h`` is a line in ``palette_color(h)`` through its centres (column offset on x, row offset on
-    y, rows downward), an open circle at the first epoch and a filled one at the last; the query
-    token is the black square at the origin. Each head's line has gid ``"layer{l}-head{h}"``.
+    One panel per layer (``style.panel_grid``). Head ``h`` is a line in ``palette_color(h)``
+    through its centres (column offset on x, row offset on y, rows downward), an open circle at the
+    first epoch and a filled one at the last, where its number stands (``labels.place_head_labels``:
+    beside it when numbers would overlap); the query token is the black X at the origin. Each
+    head's line has gid ``"layer{l}-head{h}"``.
     """
     layers = len(trajectories.centers)
-    columns = min(layers, 3)
-    rows = -(-layers // columns)
-    fig = new_figure(3.6 * columns, 3.6 * rows + 0.9)
-    axes = fig.subplots(rows, columns, squeeze=False).ravel()
+    rows, columns = panel_grid(layers)
+    fig = new_figure(3.4 * columns, 3.5 * rows + 0.9)
+    axes = panel_axes(fig, layers)
     extent = max(1.5, float(max(np.abs(c).max() for c in trajectories.centers)) + 0.7)
     for layer, centers in enumerate(trajectories.centers):
         ax = axes[layer]
-        ax.add_patch(Rectangle((-0.5, -0.5), 1, 1, color=QUERY_COLOR, zorder=2))
+        ax.plot(0, 0, zorder=2, **QUERY_MARKER)
         for head in range(centers.shape[1]):
             color = palette_color(head)
             row, col = centers[:, head, 0], centers[:, head, 1]
@@ -116,19 +118,10 @@ def trajectory_figure(trajectories: CenterTrajectories, title: str | None = None
                 "o",
                 markerfacecolor="white",
                 markeredgecolor=color,
-                markersize=6,
+                markersize=END_MARKER,
                 zorder=4,
             )
-            ax.plot(col[-1], row[-1], "o", color=color, markersize=6, zorder=4)
-            ax.annotate(
-                str(head),
-                (col[-1], row[-1]),
-                textcoords="offset points",
-                xytext=(4, 4),
-                fontsize=7,
-                color=color,
-                fontweight="bold",
-            )
+            ax.plot(col[-1], row[-1], "o", color=color, markersize=END_MARKER, zorder=4)
         ax.set_xlim(-extent, extent)
         ax.set_ylim(extent, -extent)
         ax.set_aspect("equal")
@@ -140,8 +133,6 @@ def trajectory_figure(trajectories: CenterTrajectories, title: str | None = None
         ax.set_xlabel("column offset (tokens)", fontsize=8)
         ax.set_ylabel("row offset (tokens)", fontsize=8)
         ax.tick_params(labelsize=7)
-    for ax in axes[layers:]:
-        ax.set_axis_off()
     handles = [
         Line2D(
             [],
@@ -160,7 +151,7 @@ def trajectory_figure(trajectories: CenterTrajectories, title: str | None = None
             linestyle="none",
             label=f"epoch {trajectories.epochs[-1]}",
         ),
-        Line2D([], [], color=QUERY_COLOR, marker="s", linestyle="none", label="query token"),
+        Line2D([], [], label="query token", **QUERY_MARKER),
     ]
     fig.legend(handles=handles, loc="outside lower center", ncol=3, fontsize=8, frameon=False)
     fig.suptitle(
@@ -170,4 +161,14 @@ def trajectory_figure(trajectories: CenterTrajectories, title: str | None = None
         f"({len(trajectories.epochs)} checkpoints)",
         fontsize=11,
     )
+    panels = []
+    for layer, (ax, centers) in enumerate(zip(axes, trajectories.centers, strict=True)):
+        anchors = [
+            HeadAnchor(head, float(centers[-1, head, 1]), float(centers[-1, head, 0]))
+            for head in range(centers.shape[1])
+        ]
+        # numbers go beside the last centres, covering none of them
+        ends = [Marker(a.x, a.y, END_MARKER) for a in anchors]
+        panels.append(Panel(ax, anchors, f"layer{layer}-", [query_marker(0.0, 0.0), *ends]))
+    label_panels(fig, panels)
     return fig

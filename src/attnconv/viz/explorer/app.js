@@ -3,7 +3,9 @@
 // its per-image files are loaded when first shown; each data file assigns its object to
 // window.ATTNCONV_FILES[its path]. The format is documented in attnconv/viz/export.py. The
 // displayed arrays are exposed as window.attnconv.maps[layer][head] (Float64Array over key
-// tokens, row-major); names and captions from the data are only ever inserted as text.
+// tokens, row-major); window.attnconv.ready is false while a model or an image is loading (the
+// maps then show the previous one, greyed out); names and captions from the data are only ever
+// inserted as text.
 "use strict";
 
 (function () {
@@ -15,7 +17,7 @@
   }
   window.ATTNCONV_FILES = window.ATTNCONV_FILES || {};
   const CMAP = bytes(SITE.colormap);
-  const HOVER_HELP = "Hover a map to read its values.";
+  const HOVER_HELP = "Hover or tap a map to read its values.";
 
   // The model shown: its data (model.js), decoded layers, decoded image files, token grid.
   let M = null, D = null, H = 0, W = 0, N = 0;
@@ -196,19 +198,13 @@
     mapsEl.replaceChildren();
     cells = [];
     const maxHeads = Math.max(...D.heads);
-    mapsEl.style.gridTemplateColumns = `1.4rem repeat(${maxHeads}, minmax(44px, ${Math.max(64, 900 / maxHeads)}px))`;
+    // columns share the width (nothing wider than the screen), up to about 100 px a map
+    mapsEl.style.gridTemplateColumns = `1.2rem repeat(${maxHeads}, minmax(0, 1fr))`;
+    mapsEl.style.maxWidth = `calc(1.2rem + ${maxHeads * 106}px)`;
     mapsEl.appendChild(document.createElement("div"));
-    for (let head = 0; head < maxHeads; head++) {
-      const el = document.createElement("div");
-      el.className = "col-head";
-      el.textContent = `head ${head}`;
-      mapsEl.appendChild(el);
-    }
+    for (let head = 0; head < maxHeads; head++) mapsEl.appendChild(heading("col-head", "head", head));
     D.heads.forEach((heads, layer) => {
-      const label = document.createElement("div");
-      label.className = "row-head";
-      label.textContent = `layer ${layer}`;
-      mapsEl.appendChild(label);
+      mapsEl.appendChild(heading("row-head", "layer", layer));
       const row = [];
       for (let head = 0; head < maxHeads; head++) {
         const cell = document.createElement("div");
@@ -230,11 +226,24 @@
         const scale = document.createElement("div");
         scale.className = "scale";
         cell.append(frame, scale);
-        canvas.addEventListener("mousemove", (e) => hover(e, canvas, layer, head));
+        canvas.addEventListener("pointermove", (e) => hover(e, canvas, layer, head));
+        canvas.addEventListener("pointerdown", (e) => hover(e, canvas, layer, head));
+        canvas.addEventListener("pointerleave", (e) => { if (e.pointerType === "mouse") leave(); });
         row.push({ cell, canvas, marker, scale });
       }
       cells.push(row);
     });
+  }
+
+  // "head 3" / "layer 2" (on phones the columns read "h3": style.css hides the word).
+  function heading(className, word, number) {
+    const el = document.createElement("div");
+    el.className = className;
+    const span = document.createElement("span");
+    span.className = "word";
+    span.textContent = `${word} `;
+    el.append(span, String(number));
+    return el;
   }
 
   function buildImages() {
@@ -246,6 +255,7 @@
       button.type = "button";
       button.className = "thumb";
       button.title = info.label;
+      // the visible tag ("average") starts the accessible name, as WCAG's label-in-name asks
       button.setAttribute("aria-label", info.label);
       const thumb = document.createElement("canvas");
       thumb.width = D.image_size[1];
@@ -255,7 +265,7 @@
       button.appendChild(thumb);
       if (info.average) {
         const tag = document.createElement("span");
-        tag.textContent = "mean";
+        tag.textContent = "average";
         button.appendChild(tag);
       }
       button.addEventListener("click", () => setImage(i));
@@ -287,7 +297,35 @@
     ctx.putImageData(img, 0, 0);
   }
 
-  function format(v, probabilities) { return probabilities ? v.toFixed(3) : v.toFixed(1); }
+  // Three significant digits (0.174, 0.00552): small values stay readable.
+  function formatValue(v) {
+    const text = Number(v).toPrecision(3);
+    return /^-0(\.0*)?$/.test(text) ? text.slice(1) : text;
+  }
+  // A range lo … hi with the decimals that give its width three significant digits, the same
+  // for both ends ("-0.0123 … 0.0045", "-12.3 … 45.6"); never "-0.0".
+  function formatRange(lo, hi) {
+    const span = Math.abs(hi - lo) || Math.abs(hi) || 1;
+    const decimals = Math.min(12, Math.max(0, 2 - Math.floor(Math.log10(span))));
+    const fix = (v) => {
+      const text = v.toFixed(decimals);
+      return /^-0(\.0*)?$/.test(text) ? text.slice(1) : text;
+    };
+    return [fix(lo), fix(hi)];
+  }
+  // A probability as a multiple of the uniform level 1/N ("34/N", "1.1/N").
+  function uniformMultiple(p) {
+    const times = p * N;
+    return `${times >= 9.95 ? times.toFixed(0) : times.toFixed(1)}/N`;
+  }
+  function caption(el, parts) {
+    el.replaceChildren(...parts.map(([className, text]) => {
+      const span = document.createElement("span");
+      span.className = className;
+      span.textContent = text;
+      return span;
+    }));
+  }
 
   function render() {
     if (D.kind === "content" && !M.images[view.state.image]) return;
@@ -302,10 +340,15 @@
       const { cell, canvas, marker, scale } = cells[layer][head];
       placeMarker(marker, view.state.query);
       cell.classList.toggle("empty", values === null);
-      if (values === null) { scale.textContent = "no such term"; return null; }
+      if (values === null) { caption(scale, [["value", "no such term"]]); return null; }
       const [lo, hi] = ranges[layer][head];
       drawMap(canvas, values, view.state.scale === "shared" ? shared : [lo, hi]);
-      scale.textContent = probabilities ? `max ${format(hi, true)}` : `${format(lo)} … ${format(hi)}`;
+      if (probabilities) {
+        caption(scale, [["value", formatValue(hi)], ["times", ` = ${uniformMultiple(hi)}`]]);
+      } else {
+        const [a, b] = formatRange(lo, hi);
+        caption(scale, [["value", `${a} … ${b}`]]);
+      }
       return view.state.scale === "shared" ? shared : [lo, hi];
     }));
     view.maps = maps;
@@ -316,6 +359,7 @@
     const image = D.images.length && D.kind === "content" ? `${D.images[view.state.image].label}: ` : "";
     $("query-readout").textContent = `${image}query token (row ${q1}, col ${q2})${where}`;
     showHover();
+    setLoading(false);
     view.ready = true;
   }
 
@@ -331,24 +375,37 @@
 
   function drawColorbar(probabilities, shared) {
     const kind = probabilities ? "probability" : "logit";
+    const mark = $("colorbar-uniform");
     if (view.state.scale === "shared") {
-      $("colorbar-lo").textContent = format(shared[0], probabilities);
-      $("colorbar-hi").textContent = format(shared[1], probabilities);
+      const [lo, hi] = probabilities ? shared.map(formatValue) : formatRange(...shared);
+      $("colorbar-lo").textContent = lo;
+      $("colorbar-hi").textContent = hi;
       $("colorbar-caption").textContent = `${kind}, one scale for all maps`;
     } else {
       $("colorbar-lo").textContent = probabilities ? "0" : "min";
       $("colorbar-hi").textContent = "max";
-      $("colorbar-caption").textContent = `${kind}, each map from ${probabilities ? "0" : "its minimum"} to its maximum (under it)`;
+      $("colorbar-caption").textContent = `${kind}, each map from ${probabilities ? "0" : "its minimum"} to its maximum, printed under it`;
     }
+    // the uniform level 1/N: where a head that looks everywhere alike would sit
+    const uniform = 1 / N;
+    const span = shared[1] - shared[0];
+    const onBar = probabilities && view.state.scale === "shared" && span > 0 && uniform <= shared[1];
+    mark.hidden = !onBar;
+    if (onBar) mark.style.left = `${(100 * (uniform - shared[0])) / span}%`;
+    $("uniform-caption").textContent = probabilities
+      ? `Uniform attention: 1/N = ${formatValue(uniform)} on each of the N = ${N} tokens` +
+        (onBar ? " (marked on the bar)" : "; under each map, its maximum is also given as a multiple of 1/N") + "."
+      : "";
   }
 
   function hover(event, canvas, layer, head) {
     const rect = canvas.getBoundingClientRect();
     const k1 = Math.min(H - 1, Math.floor(((event.clientY - rect.top) / rect.height) * H));
     const k2 = Math.min(W - 1, Math.floor(((event.clientX - rect.left) / rect.width) * W));
-    view.hover = { layer, head, key: [k1, k2] };
+    view.hover = { layer, head, key: [Math.max(0, k1), Math.max(0, k2)] };
     showHover();
   }
+  function leave() { view.hover = null; showHover(); }
 
   // The hovered value for the current model, image, query and score: redrawn with every change.
   function showHover() {
@@ -356,9 +413,11 @@
     const values = h && view.maps[h.layer] && view.maps[h.layer][h.head];
     if (!values) { $("hover-readout").textContent = HOVER_HELP; return; }
     const [k1, k2] = h.key;
-    const kind = showsProbabilities() ? "probability" : "logit";
+    const probabilities = showsProbabilities();
+    const value = values[k1 * W + k2];
     $("hover-readout").textContent =
-      `layer ${h.layer}, head ${h.head}, key (${k1}, ${k2}): ${kind} ${values[k1 * W + k2].toPrecision(4)}`;
+      `layer ${h.layer}, head ${h.head}, key (${k1}, ${k2}): ${probabilities ? "probability" : "logit"} ` +
+      `${value.toPrecision(4)}` + (probabilities ? ` (${uniformMultiple(value)})` : "");
   }
 
   // ------------------------------------------------------------------ picker and controls
@@ -402,8 +461,15 @@
     const c = Math.floor(((event.clientX - rect.left) / rect.width) * W);
     setQuery(Math.max(0, Math.min(H - 1, r)), Math.max(0, Math.min(W - 1, c)));
   }
-  picker.addEventListener("pointerdown", (e) => { picker.focus(); queryFromEvent(e); });
-  picker.addEventListener("pointermove", (e) => { if (e.buttons) queryFromEvent(e); });
+  // The picker keeps the pointer while a button is down, so a drag past the image's edge still
+  // moves the query (to the edge token).
+  picker.addEventListener("pointerdown", (e) => {
+    picker.focus();
+    picker.setPointerCapture(e.pointerId);
+    queryFromEvent(e);
+  });
+  picker.addEventListener("pointermove", (e) => { if (picker.hasPointerCapture(e.pointerId)) queryFromEvent(e); });
+  picker.addEventListener("pointerup", (e) => { if (picker.hasPointerCapture(e.pointerId)) picker.releasePointerCapture(e.pointerId); });
   picker.addEventListener("keydown", (e) => {
     const moves = { ArrowUp: [-1, 0], ArrowDown: [1, 0], ArrowLeft: [0, -1], ArrowRight: [0, 1] };
     if (!moves[e.key]) return;
@@ -415,40 +481,75 @@
   function setQuery(r, c) {
     if (!D || (r === view.state.query[0] && c === view.state.query[1])) return;
     view.state.query = [r, c];
-    render();
+    if (view.ready) render(); else placeMarker($("picker-marker"), view.state.query);
   }
-  function setMode(mode) { view.state.mode = mode; if (D) render(); }
-  function setSoftmax(on) { view.state.softmax = Boolean(on); if (D) render(); }
-  function setScale(scale) { view.state.scale = scale === "shared" ? "shared" : "map"; if (D) render(); }
+  function setMode(mode) { view.state.mode = mode; syncControls(); if (D && view.ready) render(); }
+  function setSoftmax(on) { view.state.softmax = Boolean(on); syncControls(); if (D && view.ready) render(); }
+  function setScale(scale) { view.state.scale = scale === "shared" ? "shared" : "map"; if (D && view.ready) render(); }
+
+  // The score controls show what the maps show: the user's choice, or for the average over
+  // images (always of total-score probabilities) that, greyed out, with a note; the user's
+  // choice comes back with the next single image.
+  function syncControls() {
+    const info = D && D.images[view.state.image];
+    const average = Boolean(info && info.average);
+    const mode = average ? "total" : view.state.mode;
+    document.querySelectorAll("input[name=mode]").forEach((el) => { el.checked = el.value === mode; });
+    $("softmax").checked = average || view.state.softmax;
+    $("modes").disabled = average;
+    $("modes-note").hidden = !average;
+    $("modes-note").textContent = average
+      ? `The average over ${info.average} test images is of the attention probabilities of the total score.`
+      : "";
+  }
 
   function status(text) { $("status").textContent = text; }
+
+  // While a model or an image loads, the maps still show the previous one: grey them out and
+  // say what is coming.
+  function setLoading(what) {
+    mapsEl.classList.toggle("stale", Boolean(what));
+    mapsEl.setAttribute("aria-busy", String(Boolean(what)));
+    status(what ? `computing the attention for ${what} …` : "");
+    if (what) $("hover-readout").textContent = HOVER_HELP;
+  }
 
   async function setImage(index) {
     view.state.image = index;
     document.querySelectorAll("#images button").forEach((el, i) => el.setAttribute("aria-pressed", String(i === index)));
     drawPicker();
-    const info = D.images[index];
-    $("modes").disabled = Boolean(info && info.average);
+    syncControls();
     if (D.kind === "position") { render(); return; }
-    view.ready = false;
     const model = M;
-    try {
-      await imageData(model, index);
-    } catch (err) {
-      status(err.message);
-      return;
+    if (!model.images[index]) {
+      view.ready = false;
+      setLoading(D.images[index].label);
+      try {
+        await imageData(model, index);
+      } catch (err) {
+        status(err.message);
+        return;
+      }
     }
     if (M === model && view.state.image === index) render();
   }
 
+  // The query token of the new grid at the same place of the image (the same token when the
+  // grids are equal), so that models can be compared at one token.
+  function carriedQuery(query, from, to) {
+    if (!from) return [Math.floor(to[0] / 2), Math.floor(to[1] / 2)];
+    return query.map((q, axis) => Math.min(to[axis] - 1, Math.floor(((q + 0.5) * to[axis]) / from[axis])));
+  }
+
   async function setModel(index) {
     const info = SITE.models[index];
+    const previous = D;
     view.model = index;
     view.ready = false;
     view.hover = null;
     $("model-select").value = String(index);
     showHeader(info);
-    status(`loading ${info.name} …`);
+    setLoading(info.name);
     let model;
     try {
       model = await modelData(index);
@@ -457,20 +558,21 @@
       return;
     }
     if (view.model !== index) return;
-    status("");
     M = model;
     D = model.data;
     view.data = D;
+    view.state.query = carriedQuery(view.state.query, previous && previous.grid, D.grid);
     [H, W] = D.grid;
     N = H * W;
     view.maps = [];
-    view.state.query = [Math.floor(H / 2), Math.floor(W / 2)];
-    view.state.image = 0;
+    // the same test image when the new model has it, else its first
+    const label = previous && previous.images[view.state.image] && previous.images[view.state.image].label;
+    const same = D.images.findIndex((image) => image.label === label);
     showMeta();
     buildMaps();
     buildImages();
     $("modes").hidden = D.kind !== "content";
-    await setImage(0);
+    await setImage(same >= 0 ? same : 0);
   }
 
   // ------------------------------------------------------------------ header
