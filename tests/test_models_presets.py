@@ -279,10 +279,8 @@ def executed_macs(model: torch.nn.Module) -> int:
     arithmetic): what count_macs counts without running it."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    from attnconv.models.complexity import _EXTRA_FORMULAS
-
     images = torch.rand(1, model.in_channels, *model.image_size)
-    with torch.no_grad(), FlopCounterMode(display=False, custom_mapping=_EXTRA_FORMULAS) as count:
+    with torch.no_grad(), FlopCounterMode(display=False) as count:
         model.eval()(images)
     return count.get_total_flops() // 2
 

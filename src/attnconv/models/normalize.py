@@ -53,7 +53,7 @@ class Normalize(nn.Module):
         self.range_warned = False  # ImageRangeWarning given: no more checks
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not self.training and not self.range_warned and _has_values(x):
+        if not self.training and not self.range_warned and _has_values(x) and x.numel() > 0:
             low, high = (float(value) for value in torch.aminmax(x.detach()))
             if low < 0 or high > 1:
                 self.range_warned = True
