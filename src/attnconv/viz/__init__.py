@@ -4,9 +4,9 @@ Figures (``attnconv plot``): ``contour_figure`` (probability-mass contours per h
 ``map_grid_figure`` (layer × head attention maps), ``distance_figure`` (attention distance),
 ``trajectory_figure`` (Gaussian centres over training), ``report_figure`` (accuracy of several
 runs, ``attnconv report``). Computations: ``compute_attention``, ``mass_region``,
-``attention_distance``, ``load_center_trajectories``, ``load_run``. The explorer
-(``attnconv explore``): ``write_site``. ``attention_figure(model, image_size)`` is the figure the
-training loop logs to TensorBoard.
+``attention_distance``, ``uniform_distance``, ``load_center_trajectories``, ``load_run``. The
+explorer (``attnconv explore``): ``write_site``. ``attention_figure(model, image_size)`` is the
+figure the training loop logs to TensorBoard.
 
 Names are loaded on first use, so importing ``attnconv.viz`` does not import matplotlib.
 """
@@ -27,6 +27,7 @@ _EXPORTS = {
     "distance_map": "distance",
     "attention_distance": "distance",
     "layer_distances": "distance",
+    "uniform_distance": "distance",
     "distance_figure": "distance",
     "format_head_table": "distance",
     "CenterTrajectories": "trajectories",
