@@ -24,17 +24,18 @@ Precision: float32 always (the ceiling target is for float32), plus the precisio
 for this machine when that is bfloat16, or ``--precision bf16`` to force it (it warns where the
 CPU has no native bfloat16).
 
-Then the content model (``--content-preset``, default ``learned-content-fashion``, in each form of
-``CONTENT_FORMS``), in float32 and in bfloat16 whatever the machine: the layer's folded kernel
-(``attention/content.py``) against the path it replaced (``scaled_dot_product_attention`` with the
-positional logits as mask, ``sdpa_content.py``), alternating, best of ``--content-rounds``, with
-the ratio. Target: bfloat16 ≥ 1.8× the old path, float32 never slower. The line above the table
-says whether bfloat16 is native here; where it is not, both paths compute their attention in
-float32 and the bfloat16 rows mostly time the emulated Linear layers.
+Then the content model (``--content-preset``, default ``learned-content-fashion``, in the forms
+``--content-forms`` of ``CONTENT_FORMS``), in float32 and in bfloat16 whatever the machine: the
+layer's content kernel (``attention/content.py``) against the path it replaced
+(``scaled_dot_product_attention`` with the positional logits as mask, ``sdpa_content.py``),
+alternating, best of ``--content-rounds``, with the ratios of wall-clock and of CPU-time rates.
+Target: bfloat16 ≥ 1.8× the old path, float32 never slower. The line above the table says whether
+bfloat16 is native here; where it is not, both paths compute their attention in float32 and the
+bfloat16 rows mostly time the emulated Linear layers.
 
     python benchmarks/train.py                                  # every preset, 1+2 steps each
     python benchmarks/train.py --presets quadratic --batch-size 20 --steps 1   # quick look
-    python benchmarks/train.py --presets --steps 3              # only the content model
+    python benchmarks/train.py --presets --threads 1            # only the content model
 """
 
 from __future__ import annotations
@@ -62,12 +63,13 @@ PAPER_PRESETS = ("quadratic", "quadratic-generalized", "many-heads", "learned", 
 TARGET = {"quadratic": 0.75}  # fraction of the float32 GEMM ceiling a training step reaches
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 CONTENT_PRESETS = ("learned-content-fashion", "learned-content")
-CONTENT_FORMS: dict[str, dict[str, Any]] = {
-    "w·r + q·k/√d": {"content_positional": False},
-    "w·r + q·r/√d + q·k/√d": {"content_positional": True},
+CONTENT_FORMS: dict[str, tuple[str, dict[str, Any]]] = {
+    "original": ("w·r + q·k/√d", {"content_positional": False}),
+    "three-terms": ("w·r + q·r/√d + q·k/√d", {"content_positional": True}),
 }
-"""The content model's forms timed (name: overrides of the preset): the sum of terms each computes."""
-CONTENT_TARGET = {"bf16": 1.8, "fp32": 1.0}  # folded kernel / old path, training images/s
+"""The content model's forms that can be timed: name → (the terms it sums, overrides of the
+preset)."""
+CONTENT_TARGET = {"bf16": 1.8, "fp32": 1.0}  # content kernel / old path, training images/s
 
 
 def gemm_flops_per_second(size: int, dtype: torch.dtype, device: torch.device,
@@ -119,9 +121,11 @@ def training_flops_per_image(preset: str, device: torch.device, batch: int = 2) 
     return counter.get_total_flops() / batch
 
 
-def images_per_second(model: nn.Module, batch_size: int, steps: int, warmup: int,
-                      precision: str, device: torch.device) -> float:
-    """Training images per second over ``steps`` timed SGD steps after ``warmup`` untimed ones."""
+def training_rates(model: nn.Module, batch_size: int, steps: int, warmup: int, precision: str,
+                   device: torch.device) -> tuple[float, float]:
+    """Training images per second of wall-clock time and per second of this process's CPU time
+    (all its threads), over ``steps`` timed SGD steps after ``warmup`` untimed ones. On a machine
+    shared with other work the CPU-time rate is the steadier: waiting for a core does not count."""
     model.to(device).train()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=1e-4)
     generator = torch.Generator().manual_seed(0)
@@ -140,12 +144,20 @@ def images_per_second(model: nn.Module, batch_size: int, steps: int, warmup: int
         step()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-    started = time.perf_counter()
+    started, started_cpu = time.perf_counter(), time.process_time()
     for _ in range(steps):
         step()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-    return steps * batch_size / (time.perf_counter() - started)
+    images_done = steps * batch_size
+    return (images_done / (time.perf_counter() - started),
+            images_done / (time.process_time() - started_cpu))
+
+
+def images_per_second(model: nn.Module, batch_size: int, steps: int, warmup: int,
+                      precision: str, device: torch.device) -> float:
+    """Training images per second over ``steps`` timed SGD steps after ``warmup`` untimed ones."""
+    return training_rates(model, batch_size, steps, warmup, precision, device)[0]
 
 
 def fresh_model(preset: str, **overrides: Any) -> nn.Module:
@@ -153,33 +165,38 @@ def fresh_model(preset: str, **overrides: Any) -> nn.Module:
     return create_model(preset, **overrides)
 
 
-def content_comparison(preset: str, batch_size: int, steps: int, warmup: int, rounds: int,
-                       device: torch.device) -> None:
-    """Print the content model's training images/s, old path and folded kernel, per form and
-    precision, with the ratio and whether it meets ``CONTENT_TARGET``."""
+def content_comparison(preset: str, forms: list[str], batch_size: int, steps: int, warmup: int,
+                       rounds: int, device: torch.device) -> None:
+    """Print the content model's training images/s, old path and content kernel, per form and
+    precision, with the ratios and whether they meet ``CONTENT_TARGET``."""
     native, why = native_bf16(device)
-    print(f"\ncontent model {preset}: folded kernel (attention/content.py) vs the old path "
+    print(f"\ncontent model {preset}: content kernel (attention/content.py) vs the old path "
           f"(scaled_dot_product_attention, positional logits as mask), training img/s, best of "
           f"{rounds} alternating rounds")
     print(f"bfloat16 is {'native' if native else 'NOT native'} here ({why})"
-          + ("" if native else "; the folded kernel then computes in float32, as the old path "
+          + ("" if native else "; the content kernel then computes in float32, as the old path "
              "always does, and bfloat16 autocast only slows the Linear layers"))
-    header = f"{'form':<24}{'precision':>10}{'old img/s':>12}{'folded img/s':>14}{'ratio':>8}"
+    print("img/s: wall-clock; img/CPU-s: per second of this process's CPU time, the steadier "
+          "where other work shares the cores")
+    header = (f"{'form':<24}{'precision':>10}{'old img/s':>11}{'kernel':>9}{'ratio':>7}"
+              f"{'old img/CPU-s':>15}{'kernel':>9}{'ratio':>7}")
     print(header + "\n" + "-" * len(header))
-    for form, overrides in CONTENT_FORMS.items():
+    for form in forms:
+        terms, overrides = CONTENT_FORMS[form]
         for precision in ("fp32", "bf16"):
-            old, folded = fresh_model(preset, **overrides), fresh_model(preset, **overrides)
+            old, new = fresh_model(preset, **overrides), fresh_model(preset, **overrides)
             if use_sdpa_content(old) == 0:
                 raise ValueError(f"preset {preset!r} has no content layers")
-            rates = {"old": 0.0, "folded": 0.0}
+            wall, cpu = {"old": 0.0, "new": 0.0}, {"old": 0.0, "new": 0.0}
             for _ in range(rounds):
-                for name, model in (("old", old), ("folded", folded)):
-                    rate = images_per_second(model, batch_size, steps, warmup, precision, device)
-                    rates[name] = max(rates[name], rate)
-            ratio = rates["folded"] / rates["old"]
+                for name, model in (("old", old), ("new", new)):
+                    rates = training_rates(model, batch_size, steps, warmup, precision, device)
+                    wall[name], cpu[name] = max(wall[name], rates[0]), max(cpu[name], rates[1])
+            ratio, cpu_ratio = wall["new"] / wall["old"], cpu["new"] / cpu["old"]
             verdict = "met" if ratio >= CONTENT_TARGET[precision] else "NOT met"
-            print(f"{form:<24}{precision:>10}{rates['old']:>12.2f}{rates['folded']:>14.2f}"
-                  f"{ratio:>7.2f}x  target >= {CONTENT_TARGET[precision]}x: {verdict}", flush=True)
+            print(f"{terms:<24}{precision:>10}{wall['old']:>11.2f}{wall['new']:>9.2f}"
+                  f"{ratio:>6.2f}x{cpu['old']:>15.2f}{cpu['new']:>9.2f}{cpu_ratio:>6.2f}x  "
+                  f"target >= {CONTENT_TARGET[precision]}x (wall): {verdict}", flush=True)
 
 
 def preset_table(presets: list[str], precisions: list[str], batch_size: int, steps: int,
@@ -237,6 +254,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--presets", nargs="*", default=list(PAPER_PRESETS), choices=PAPER_PRESETS,
                         help="presets of the table (none: only the content model)")
     parser.add_argument("--content-preset", choices=CONTENT_PRESETS, default=CONTENT_PRESETS[0])
+    parser.add_argument("--content-forms", nargs="*", choices=list(CONTENT_FORMS),
+                        default=list(CONTENT_FORMS), help="forms of the content model to time")
     parser.add_argument("--content-rounds", type=int, default=2,
                         help="alternating rounds of the content comparison (best counts)")
     parser.add_argument("--batch-size", type=int, default=100)
@@ -247,10 +266,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--gemm-size", type=int, default=2048,
                         help="side of the square matrix product that measures the ceiling")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--threads", type=int, help="torch's CPU threads (default: its own choice; "
+                        "1 keeps a machine shared with other work from stalling every parallel "
+                        "operation on a descheduled thread)")
     args = parser.parse_args(argv)
-    for name in ("batch_size", "steps", "gemm_size", "content_rounds"):
-        if getattr(args, name) < 1:
+    for name in ("batch_size", "steps", "gemm_size", "content_rounds", "threads"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     precisions = ["fp32"]
     other = resolve_precision(args.precision, device)
@@ -264,8 +288,8 @@ def main(argv: list[str] | None = None) -> None:
                      args.gemm_size, device)
     elif device.type == "cpu":
         reuse_freed_memory()
-    content_comparison(args.content_preset, args.batch_size, args.steps, args.warmup,
-                       args.content_rounds, device)
+    content_comparison(args.content_preset, args.content_forms, args.batch_size, args.steps,
+                       args.warmup, args.content_rounds, device)
 
 if __name__ == "__main__":
     main()

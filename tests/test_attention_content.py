@@ -198,10 +198,13 @@ def test_content_dropout_mask_is_independent_per_image_head_and_entry():
         assert (a == b).float().mean().item() == pytest.approx(agree, abs=0.03)
 
 
+@pytest.mark.parametrize("form", ["w·r + q·k/√d", "three terms"])
 @pytest.mark.parametrize(("native", "expected"), [(False, torch.float32), (True, torch.bfloat16)])
-def test_bfloat16_autocast_computes_in_bfloat16_only_where_native(monkeypatch, native, expected):
+def test_bfloat16_autocast_computes_in_bfloat16_only_where_native(
+    monkeypatch, form, native, expected
+):
     monkeypatch.setattr(hardware, "native_bf16", lambda device: (native, "as the test says"))
-    layer = fashion_layer("w·r + q·k/√d")
+    layer = fashion_layer(form)
     x = torch.randn(2, 14, 14, 64, dtype=torch.float64)
     weight = torch.randn(2, 14, 14, 64, dtype=torch.float64)
     y_ref, probs_ref, g_ref = forward_and_grads(layer, x, weight, "dense")

@@ -485,7 +485,7 @@ class MultiHeadSelfAttention2d(nn.Module):
         def split_heads(t: Tensor) -> Tensor:
             return t.view(batch, n, self.heads, self.head_dim).transpose(1, 2)  # (B, heads, N, d)
 
-        q = split_heads(self.query(x)) / math.sqrt(self.head_dim)  # (B, heads, N, d)
+        q = split_heads(self.query(x) / math.sqrt(self.head_dim))  # (B, heads, N, d)
         k = split_heads(self.key(x)) if self.key is not None else None
         row = col = bias = None
         if self.content_positional:
