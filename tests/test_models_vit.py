@@ -13,6 +13,7 @@ from torch import nn
 from attnconv.models import PRESETS, create_model
 from attnconv.models.presets import FASHION_EPOCHS
 from attnconv.models.vit import VisionTransformer
+from attnconv.train.config import resolve_config
 
 
 def reference_forward(
@@ -123,10 +124,12 @@ def test_vit_fashion_preset_matches_the_fashion_transformers():
     kwargs = preset.model_kwargs
     for key in ("hidden", "depth", "heads", "mlp_dim", "in_channels", "image_size"):
         assert kwargs[key] == attention[key], key
-    # Same recipe; only the epoch count differs, sized per model to the same wall-clock budget.
-    recipe = {k: v for k, v in preset.recipe.items() if k != "epochs"}
-    assert recipe == {k: v for k, v in PRESETS["learned-fashion"].recipe.items() if k != "epochs"}
-    assert preset.recipe["epochs"] == FASHION_EPOCHS["vit"]
+    # Trained as ViTs are: AdamW, no decay on norms, biases and the position embedding.
+    config = resolve_config("vit-fashion")
+    assert (config.optimizer, config.decay_exempt) == ("adamw", "norms-biases-positional")
+    assert config.epochs == FASHION_EPOCHS["vit"] and config.batch_size == 100
+    exempt = create_model("vit-fashion").no_weight_decay_parameters(config.decay_exempt)
+    assert "position.weight" in exempt and "blocks.0.mlp_in.weight" not in exempt
     assert preset.dataset == "fashion-mnist"
     model = create_model("vit-fashion")
     assert isinstance(model, VisionTransformer)

@@ -119,6 +119,7 @@ def test_python_values_are_type_checked() -> None:
     ("milestones=5,3", "milestones apply to schedule=step only"),
     ("data_dir=/data", "data_dir does nothing for 'digits'"),
     ("schedule=linear", "unknown schedule 'linear'; valid schedules: cosine, step"),
+    ("optimizer=adam", "unknown optimizer 'adam'; valid optimizers: sgd, adamw"),
     ("precision=fp16", "unknown precision 'fp16'; valid: auto, fp32, bf16"),
     ("dataset=mnist", "unknown dataset 'mnist'; valid datasets: cifar10"),
     ("grad_clip=0", "grad_clip must be > 0"),

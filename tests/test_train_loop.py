@@ -106,6 +106,62 @@ def test_one_epoch_equals_an_independent_sgd_loop(tmp_path) -> None:
     assert_same_weights(weights(tmp_path / "run"), model.state_dict(), atol=1e-6)
 
 
+def test_one_epoch_of_adamw_equals_an_independent_adamw_loop(tmp_path) -> None:
+    """AdamW written out: β = (momentum, 0.999), ε = 1e-8, bias-corrected moments, weight decay
+    decoupled (``p ← p·(1 − lr·wd)``) on every parameter but the rule's exempt ones."""
+    lr, decay, beta1, beta2 = 2e-3, 0.05, 0.8, 0.999
+    overrides = [
+        *TINY,
+        *NO_DROPOUT,
+        *QUIET,
+        "epochs=1",
+        "optimizer=adamw",
+        f"momentum={beta1}",
+        f"weight_decay={decay}",
+        "decay_exempt=norms-biases-positional",
+        "batch_size=100",
+        f"lr={lr}",
+    ]
+    train(resolve_config("quick", overrides=overrides), tmp_path / "run")
+
+    data = load_splits("digits")
+    torch.manual_seed(0)
+    model = create_model(
+        "quick",
+        **loop.data_model_config(data),
+        **resolve_config("quick", overrides=TINY + NO_DROPOUT).model,
+    )
+    exempt = model.no_weight_decay_parameters("norms-biases-positional")
+    assert exempt and len(exempt) < len(list(model.parameters()))
+    named = dict(model.named_parameters())
+    first = {name: torch.zeros_like(p) for name, p in named.items()}
+    second = {name: torch.zeros_like(p) for name, p in named.items()}
+    loader = BatchLoader(data.train, 100, device="cpu", train=True, flip=False, pad=1, seed=0)
+    steps = len(loader)
+    warmup = math.ceil(0.05 * steps)
+    for step, (images, labels) in enumerate(loader.epoch(0)):
+        if step < warmup:
+            rate = lr * (step + 1) / warmup
+        else:
+            rate = lr * 0.5 * (1 + math.cos(math.pi * (step - warmup) / (steps - warmup)))
+        model.zero_grad()
+        F.cross_entropy(model(images), labels).backward()
+        t = step + 1
+        with torch.no_grad():
+            for name, param in named.items():
+                if name not in exempt:
+                    param *= 1 - rate * decay
+                first[name] = beta1 * first[name] + (1 - beta1) * param.grad
+                second[name] = beta2 * second[name] + (1 - beta2) * param.grad**2
+                corrected = second[name] / (1 - beta2**t)
+                param -= rate * (first[name] / (1 - beta1**t)) / (corrected.sqrt() + 1e-8)
+    assert_same_weights(weights(tmp_path / "run"), model.state_dict(), atol=2e-5)
+    checkpoint = load_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt")
+    decayed, undecayed = checkpoint["optimizer"]["param_groups"]
+    assert (decayed["weight_decay"], undecayed["weight_decay"]) == (decay, 0.0)
+    assert tuple(decayed["betas"]) == (beta1, beta2)
+
+
 def test_run_folder_contents_and_recipe(finished_run: Path) -> None:
     config = json.loads((finished_run / "config.json").read_text())
     assert config["preset"] == "quick" and config["dataset"] == "digits"

@@ -45,7 +45,10 @@ class TrainConfig:
     ``RUN_DIR/config.json`` for people to read).
 
     The defaults are the paper's recipe (docs/theory.md §4); a preset's ``recipe`` lists its
-    departures from them. Units: ``lr`` per step of SGD; ``epochs``, ``milestones`` and
+    departures from them. ``optimizer``: ``"sgd"`` (the paper's: SGD with ``momentum``) or
+    ``"adamw"`` (AdamW with β = (``momentum``, 0.999) and decoupled ``weight_decay``: the recipe
+    vision transformers without a convolutional bias are trained with). Units: ``lr`` per
+    optimizer step; ``epochs``, ``milestones`` and
     ``checkpoint_every`` in epochs; ``checkpoint_steps`` in optimizer steps (mid-epoch saves of
     ``last.pt``; 0: off); ``milestones``: the epochs after which ``schedule="step"`` divides the
     rate by 10 (only for that schedule); ``pad``: the random-crop padding in pixels, ``None`` for
@@ -69,6 +72,7 @@ class TrainConfig:
     epochs: int = 300
     batch_size: int = 100
     lr: float = 0.1
+    optimizer: str = "sgd"
     momentum: float = 0.9
     weight_decay: float = 1e-4
     decay_exempt: str = "original"
@@ -116,10 +120,12 @@ class TrainConfig:
         return resolve_config(preset, **values)
 
 
+# SGD with momentum (the paper's), AdamW (β1 = momentum, β2 = 0.999, decoupled weight decay).
+OPTIMIZERS: tuple[str, ...] = ("sgd", "adamw")
 CONFIG_KEYS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(TrainConfig) if f.name != "model")
 # Keys a preset's recipe may set: how to train, not where or on what.
 RECIPE_KEYS: tuple[str, ...] = (
-    "epochs", "batch_size", "lr", "momentum", "weight_decay", "decay_exempt", "schedule",
+    "epochs", "batch_size", "lr", "optimizer", "momentum", "weight_decay", "decay_exempt", "schedule",
     "warmup_fraction", "milestones", "grad_clip", "pad", "val_size",
 )
 _HINTS = typing.get_type_hints(TrainConfig)
@@ -260,6 +266,8 @@ def check_config(config: TrainConfig) -> None:
     need(config.epochs >= 1, f"epochs must be >= 1, got {config.epochs}")
     need(config.batch_size >= 1, f"batch_size must be >= 1, got {config.batch_size}")
     need(config.lr > 0, f"lr must be > 0, got {config.lr}")
+    need(config.optimizer in OPTIMIZERS,
+         f"unknown optimizer {config.optimizer!r}; valid optimizers: {', '.join(OPTIMIZERS)}")
     need(0 <= config.momentum < 1, f"momentum must be in [0, 1), got {config.momentum}")
     need(config.weight_decay >= 0, f"weight_decay must be >= 0, got {config.weight_decay}")
     need(config.decay_exempt in DECAY_EXEMPTIONS,

@@ -1,9 +1,10 @@
-"""The training loop: SGD with the preset's schedule, validation-based model selection, exact resume.
+"""The training loop: SGD or AdamW with the preset's schedule, validation-based model selection,
+exact resume.
 
 ``train(config, run_dir)`` runs one job (one process, or every rank of a ``torchrun`` launch)::
 
     for epoch in epochs:
-        for batch in this rank's shards:  lr ← schedule(step); SGD step (DDP averages gradients)
+        for batch in this rank's shards:  lr ← schedule(step); SGD/AdamW step (DDP averages grads)
             every checkpoint_steps steps: checkpoints/last.pt (mid-epoch, resumable)
         validate → metrics.jsonl, TensorBoard, checkpoints/last.pt, best.pt, epoch_NNNN.pt
     test the best (validation) checkpoint → summary.json
@@ -437,7 +438,7 @@ class Trainer:
             tqdm.write(f"{config.init}: {summary}")
         return model, architecture, {**arguments, "heads": list(summary.heads)}
 
-    def _build_optimizer(self) -> torch.optim.SGD:
+    def _build_optimizer(self) -> torch.optim.Optimizer:
         no_decay = self.model.no_weight_decay_parameters(self.config.decay_exempt)
         named = list(self.model.named_parameters())
         groups = [
@@ -447,6 +448,8 @@ class Trainer:
             },
             {"params": [p for n, p in named if n in no_decay], "weight_decay": 0.0},
         ]
+        if self.config.optimizer == "adamw":
+            return torch.optim.AdamW(groups, lr=self.config.lr, betas=(self.config.momentum, 0.999))
         return torch.optim.SGD(groups, lr=self.config.lr, momentum=self.config.momentum)
 
     def _restore(self, checkpoint: dict[str, Any]) -> None:
@@ -635,7 +638,7 @@ class Trainer:
             self._diverged(f"the updated weights give a loss of {total / seen} on their last batch")
 
     def _train_epoch(self) -> dict[str, float]:
-        """One (possibly resumed) epoch of SGD; returns its train loss/accuracy and timing."""
+        """One (possibly resumed) epoch of training; returns its train loss/accuracy and timing."""
         config, epoch = self.config, self.epoch
         start_batch = self.step - epoch * self.steps_per_epoch
         # Running sums on this rank: (loss · images, correct, images); rank 0 starts from the
