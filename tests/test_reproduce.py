@@ -90,6 +90,14 @@ def test_results_row_figures_and_table_of_a_real_run(tmp_path, quick_run):
     assert row["grid_score"] != pytest.approx(expected)  # one epoch of training moved the heads
     names = {p.name for p in (tmp_path / "figures").iterdir()}
     assert {"contours.png", "maps.png", "distance.png", "trajectories.png", "heads.csv"} <= names
+    with (tmp_path / "figures" / "heads.csv").open() as handle:
+        heads = list(csv.DictReader(handle))
+    assert row["grid"] == (8, 8)  # one token per pixel of the 8×8 digits (the quick stem is 1)
+    assert [len(layer) for layer in row["head_distances"]] == depth
+    for layer, distances in enumerate(row["head_distances"]):
+        assert sum(distances) / len(distances) == pytest.approx(row["attention_distance"][layer])
+        listed = [float(h["attention_distance"]) for h in heads if int(h["layer"]) == layer]
+        assert distances == pytest.approx(listed, abs=1e-3)
 
     resnet_row = {
         **row,
@@ -99,7 +107,13 @@ def test_results_row_figures_and_table_of_a_real_run(tmp_path, quick_run):
         "grid_score_init": None,
         "grid_coverage": None,
         "attention_distance": None,
+        "head_distances": None,
+        "grid": None,
     }
+    # One panel per attention model: the ResNet has none.
+    (png, pdf) = reproduce.write_distance_comparison([row, resnet_row], tmp_path / "figures")
+    assert png.name == "distance-by-depth.png" and pdf.stat().st_size > 0
+    assert reproduce.write_distance_comparison([resnet_row], tmp_path / "none") == []
     references = reproduce.REFERENCES["fashion-mnist"]
     files = reproduce.write_results([row, resnet_row], tmp_path, "a test machine", references)
     markdown = files[0].read_text().splitlines()

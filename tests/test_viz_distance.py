@@ -12,6 +12,7 @@ from attnconv import MultiHeadSelfAttention2d
 from attnconv.viz.distance import (
     add_distances,
     attention_distance,
+    distance_comparison_figure,
     distance_figure,
     distance_map,
     format_head_table,
@@ -117,6 +118,30 @@ def test_distance_figure_shows_every_dot_the_uniform_line_and_a_whole_title():
     assert not legend.overlaps(heading) and not legend.overlaps(frame)
     labels = [t.get_text() for t in fig.legends[0].get_texts()]
     assert "uniform attention (7.28 on 14×14)" in labels
+
+
+def test_distance_comparison_puts_each_model_in_its_panel_on_one_scale():
+    models = {
+        "local": [torch.tensor([1.0, 1.5, 2.0]), torch.tensor([2.5, 3.0, 1.0])],
+        "global": [torch.tensor([7.0, 8.5]), torch.tensor([6.0, 7.5]), torch.tensor([7.2, 7.3])],
+    }
+    fig = distance_comparison_figure(models, grid=(14, 14))
+    FigureCanvasAgg(fig).draw()
+    axes = [ax for ax in fig.axes if ax.get_title()]
+    assert [ax.get_title() for ax in axes] == ["local", "global"]
+    assert axes[0].get_ylim() == axes[1].get_ylim() and axes[0].get_ylim()[1] >= 8.5
+    for ax, distances in zip(axes, models.values(), strict=True):
+        points = sorted(float(c.get_offsets()[0][1]) for c in ax.collections)
+        assert points == pytest.approx(sorted(torch.cat(distances).tolist()))
+        (mean_line,) = [line for line in ax.lines if line.get_gid() != "uniform"]
+        np.testing.assert_allclose(mean_line.get_ydata(), [float(d.mean()) for d in distances])
+        (uniform,) = [line for line in ax.lines if line.get_gid() == "uniform"]
+        assert uniform.get_ydata()[0] == pytest.approx(uniform_distance((14, 14)))
+        assert len(ax.get_xticks()) == len(distances)
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert labels.count("head 2") == 1 and "layer mean" in labels
+    with pytest.raises(ValueError, match="at least one model"):
+        distance_comparison_figure({})
 
 
 def test_bad_shapes():

@@ -8,6 +8,9 @@
     DIR/figures/PRESET/      the paper's figures of each model: mass contours per layer, layer ×
                              head maps (for content models also averaged over test images),
                              attention distance, Gaussian centres over the epochs, heads.csv
+    DIR/figures/distance-by-depth.png, .pdf
+                             every attention model's distance per head and layer side by side
+                             (the ViT paper's Figure 7 view, on one scale)
 
 ``--export-weights`` then writes each model's best checkpoint into the package's shipped weights
 (``attnconv.models.pretrained``), with its test accuracy measured again in float32.
@@ -133,12 +136,15 @@ def analyse_run(run_dir: Path, figures: Path, data_dir: str | None) -> dict[str,
     """Figures of the run's best checkpoint (attention models), and its row of the results table.
 
     For attention models the row also holds ``grid_score_init``: the grid score of the same
-    model as training initialised it (the run's seed), so the table shows what training changed.
+    model as training initialised it (the run's seed), so the table shows what training changed;
+    ``head_distances``, each layer's per-head attention distances in tokens; and ``grid``, the
+    token grid ``(h, w)``.
     """
     import torch
 
     from attnconv.models.checkpoint import construct, load_model
     from attnconv.models.presets import MODELS, PRESETS
+    from attnconv.viz.distance import layer_distances
     from attnconv.viz.figures import plot_model, test_images
     from attnconv.viz.grid import layer_grid_scores
     from attnconv.viz.maps import compute_attention, is_position_only
@@ -160,6 +166,8 @@ def analyse_run(run_dir: Path, figures: Path, data_dir: str | None) -> dict[str,
         "grid_score_init": None,
         "grid_coverage": None,
         "attention_distance": None,
+        "head_distances": None,
+        "grid": None,
     }
     if not hasattr(MODELS[PRESETS[row["preset"]].model], "attention_layers"):
         return row
@@ -168,15 +176,40 @@ def analyse_run(run_dir: Path, figures: Path, data_dir: str | None) -> dict[str,
     if not is_position_only(model):
         images, labels = test_images(checkpoint["dataset"], AVERAGE_IMAGES, data_dir)
     name = f"{checkpoint['preset']}, epoch {checkpoint['epoch']}"
-    plot = plot_model(
-        model, figures, name, images, labels, num_images=AVERAGE_IMAGES, run=run
-    )
+    plot = plot_model(model, figures, name, images, labels, num_images=AVERAGE_IMAGES, run=run)
     row.update(layer_summaries(plot.maps))
+    row["head_distances"] = [d.tolist() for d in layer_distances(plot.maps)]
+    row["grid"] = tuple(plot.maps.grid)
     torch.manual_seed(config["seed"])  # the initial weights of the run (train seeds the same way)
     initial = construct(checkpoint["architecture"], checkpoint["arguments"], run.best).eval()
     initial_maps = compute_attention(initial, tuple(initial.image_size), images)
     row["grid_score_init"] = [score.score for score in layer_grid_scores(initial_maps)]
     return row
+
+
+def write_distance_comparison(rows: list[dict[str, Any]], figures: Path) -> list[Path]:
+    """``figures/distance-by-depth.png`` and ``.pdf``: the per-head attention distances of every
+    attention model among ``rows`` (``analyse_run``'s), one panel each; nothing when none has
+    attention. The uniform-attention line is drawn when the models share one token grid."""
+    import torch
+
+    from attnconv.viz.distance import distance_comparison_figure
+    from attnconv.viz.style import save_figure
+
+    attention = [row for row in rows if row["head_distances"] is not None]
+    if not attention:
+        return []
+    grids = {row["grid"] for row in attention}
+    fig = distance_comparison_figure(
+        {
+            f"{row['preset']}\n{100 * row['test_acc']:.1f}%, {row['epochs']} epochs": [
+                torch.tensor(layer) for layer in row["head_distances"]
+            ]
+            for row in attention
+        },
+        grid=grids.pop() if len(grids) == 1 else None,
+    )
+    return save_figure(fig, figures, "distance-by-depth")
 
 
 def _per_layer(values: list[float] | None, digits: int) -> str:
@@ -318,7 +351,8 @@ def run_experiment(
     export_weights: str | Path | None = None,
 ) -> list[Path]:
     """Train (or resume, or skip) every selected model of ``experiment`` into ``out``, analyse
-    them and write the results table; returns the table's files.
+    them and write the results table; returns the files of the table and of the distance
+    comparison figure.
 
     ``export_weights``: a folder to ship the best checkpoints into (``""``: the package's own
     weights folder); ``None`` ships nothing.
@@ -332,6 +366,7 @@ def run_experiment(
         train_run(preset, experiment, out / preset, precision, data_dir)
     rows = [analyse_run(out / preset, out / "figures" / preset, data_dir) for preset in presets]
     files = write_results(rows, out, machine_description("cpu"), REFERENCES.get(experiment, ()))
+    files += write_distance_comparison(rows, out / "figures")
     print((out / "results.md").read_text())
     if export_weights is not None:
         from attnconv.data import load_splits

@@ -103,18 +103,11 @@ def uniform_distance(grid: tuple[int, int]) -> float:
     return float(pairwise_distances(grid).mean())
 
 
-def distance_figure(
-    distances: Sequence[Tensor],
-    stem: int = 1,
-    title: str | None = None,
-    grid: tuple[int, int] | None = None,
-) -> Figure:
-    """Attention distance of each head (a dot in its colour) against the layer, with the mean of
-    each layer as a black line. ``grid`` (the token grid) adds a dashed line at the distance of
-    uniform attention (``uniform_distance``). ``stem`` > 1 adds a right axis in input pixels.
-    Every dot lies inside the axes; the title may have several lines."""
-    fig = new_figure(6.4, 4.8)
-    ax = fig.subplots()
+def _draw_distances(
+    ax: Any, distances: Sequence[Tensor], grid: tuple[int, int] | None, top: float
+) -> None:
+    """Onto ``ax``: a dot per head (in its colour) at its layer, the layer means as a black line,
+    the uniform distance of ``grid`` dashed (when given); y from 0 to ``top``."""
     layers = np.arange(len(distances))
     offsets = np.linspace(-0.25, 0.25, max(d.shape[0] for d in distances))
     labelled: set[int] = set()
@@ -141,7 +134,6 @@ def distance_figure(
         label="layer mean",
         zorder=2,
     )
-    top = max(float(d.max()) for d in distances)
     if grid is not None:
         uniform = uniform_distance(grid)
         line = ax.axhline(
@@ -153,17 +145,67 @@ def distance_figure(
             label=f"uniform attention ({uniform:.2f} on {grid[0]}×{grid[1]})",
         )
         line.set_gid("uniform")
-        top = max(top, uniform)
     ax.set_xticks(layers)
     ax.set_xlim(-0.5, len(distances) - 0.5)
     ax.set_xlabel("layer")
-    ax.set_ylabel("attention distance (tokens)")
-    # room above the highest dot (its marker is about 0.04 of the axes tall)
-    ax.set_ylim(0, top * 1.1 if top > 0 else 1.0)
+    ax.set_ylim(0, top)
     ax.grid(axis="y", color="0.9")
+
+
+def _top(distances: Sequence[Tensor], grid: tuple[int, int] | None) -> float:
+    """The y limit: room above the highest dot (a marker is about 0.04 of the axes tall) and the
+    uniform line."""
+    top = max(float(d.max()) for d in distances)
+    if grid is not None:
+        top = max(top, uniform_distance(grid))
+    return top * 1.1 if top > 0 else 1.0
+
+
+def distance_figure(
+    distances: Sequence[Tensor],
+    stem: int = 1,
+    title: str | None = None,
+    grid: tuple[int, int] | None = None,
+) -> Figure:
+    """Attention distance of each head (a dot in its colour) against the layer, with the mean of
+    each layer as a black line. ``grid`` (the token grid) adds a dashed line at the distance of
+    uniform attention (``uniform_distance``). ``stem`` > 1 adds a right axis in input pixels.
+    Every dot lies inside the axes; the title may have several lines."""
+    fig = new_figure(6.4, 4.8)
+    ax = fig.subplots()
+    _draw_distances(ax, distances, grid, _top(distances, grid))
+    ax.set_ylabel("attention distance (tokens)")
     if stem > 1:
         secondary = ax.secondary_yaxis("right", functions=(lambda d: d * stem, lambda p: p / stem))
         secondary.set_ylabel("input pixels")
     fig.legend(fontsize=7, loc="outside lower center", ncol=6, frameon=False)
     fig.suptitle(title or "Mean distance between query and attended tokens, per head", fontsize=10)
+    return fig
+
+
+def distance_comparison_figure(
+    models: dict[str, Sequence[Tensor]],
+    grid: tuple[int, int] | None = None,
+    title: str | None = None,
+) -> Figure:
+    """Attention distance by depth of several models side by side, one panel per model (named by
+    its key) on one y scale in tokens: each model's per-layer ``(heads,)`` distances drawn as
+    ``distance_figure`` draws them, with the uniform line of ``grid`` when the models share it."""
+    if not models:
+        raise ValueError("distance_comparison_figure needs at least one model")
+    top = max(_top(distances, grid) for distances in models.values())
+    fig = new_figure(2.2 + 2.6 * len(models), 4.2)
+    axes = fig.subplots(1, len(models), sharey=True, squeeze=False)[0]
+    for ax, (name, distances) in zip(axes, models.items(), strict=True):
+        _draw_distances(ax, distances, grid, top)
+        ax.set_title(name, fontsize=9)
+    axes[0].set_ylabel("attention distance (tokens)")
+    handles, labels = max(
+        (ax.get_legend_handles_labels() for ax in axes), key=lambda pair: len(pair[1])
+    )
+    fig.legend(handles, labels, fontsize=7, loc="outside lower center", ncol=6, frameon=False)
+    fig.suptitle(
+        title or "Attention distance per head and layer (one dot per head, mean as a line)",
+        fontsize=10,
+    )
     return fig
