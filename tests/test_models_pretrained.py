@@ -187,6 +187,7 @@ def test_the_fashion_mnist_experiment_is_shipped_within_10_mb():
         "learned-fashion",
         "learned-content-fashion",
         "resnet-fashion",
+        "vit-fashion",
     ]
     folder = WEIGHTS_DIR
     total = sum(path.stat().st_size for path in folder.iterdir())
