@@ -68,6 +68,15 @@ def finished_run(tmp_path_factory) -> Path:
 # ---------------------------------------------------------------------------- the loop itself
 
 
+def warmup_cosine_rate(peak: float, step: int, steps: int) -> float:
+    """The rate of update ``step`` of ``steps``, written out: 5% linear warm-up to ``peak``
+    (the first update already positive), then cosine decay to 0."""
+    warmup = math.ceil(0.05 * steps)
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    return peak * 0.5 * (1 + math.cos(math.pi * (step - warmup) / (steps - warmup)))
+
+
 def test_one_epoch_equals_an_independent_sgd_loop(tmp_path) -> None:
     """Plain SGD (momentum 0, no weight decay, no dropout) with the closed-form cosine rate."""
     overrides = [
@@ -91,12 +100,8 @@ def test_one_epoch_equals_an_independent_sgd_loop(tmp_path) -> None:
     )
     loader = BatchLoader(data.train, 100, device="cpu", train=True, flip=False, pad=1, seed=0)
     steps = len(loader)
-    warmup = math.ceil(0.05 * steps)
     for step, (images, labels) in enumerate(loader.epoch(0)):
-        if step < warmup:
-            lr = 0.05 * (step + 1) / warmup
-        else:
-            lr = 0.05 * 0.5 * (1 + math.cos(math.pi * (step - warmup) / (steps - warmup)))
+        lr = warmup_cosine_rate(0.05, step, steps)
         model.zero_grad()
         F.cross_entropy(model(images), labels).backward()
         with torch.no_grad():
@@ -137,13 +142,8 @@ def test_one_epoch_of_adamw_equals_an_independent_adamw_loop(tmp_path) -> None:
     first = {name: torch.zeros_like(p) for name, p in named.items()}
     second = {name: torch.zeros_like(p) for name, p in named.items()}
     loader = BatchLoader(data.train, 100, device="cpu", train=True, flip=False, pad=1, seed=0)
-    steps = len(loader)
-    warmup = math.ceil(0.05 * steps)
     for step, (images, labels) in enumerate(loader.epoch(0)):
-        if step < warmup:
-            rate = lr * (step + 1) / warmup
-        else:
-            rate = lr * 0.5 * (1 + math.cos(math.pi * (step - warmup) / (steps - warmup)))
+        rate = warmup_cosine_rate(lr, step, len(loader))
         model.zero_grad()
         F.cross_entropy(model(images), labels).backward()
         t = step + 1

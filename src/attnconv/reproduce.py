@@ -117,18 +117,22 @@ def train_run(
 
 
 def layer_summaries(maps: AttentionMaps) -> dict[str, Any]:
-    """``grid_kernel`` (the K of the grid score, the same for every layer of these models) and,
-    per layer, ``grid_score``, ``grid_coverage`` and ``attention_distance`` (the mean over heads,
+    """``grid_kernel`` (the K of the grid score, the same for every layer of these models),
+    ``grid`` (the token grid ``(h, w)``) and, per layer, ``grid_score``, ``grid_coverage``,
+    ``attention_distance`` (the mean over heads, in tokens) and ``head_distances`` (each head's,
     in tokens)."""
     from attnconv.viz.distance import layer_distances
     from attnconv.viz.grid import layer_grid_scores
 
     scores = layer_grid_scores(maps)
+    distances = layer_distances(maps)
     return {
         "grid_kernel": scores[0].kernel_size,
+        "grid": tuple(maps.grid),
         "grid_score": [s.score for s in scores],
         "grid_coverage": [s.coverage for s in scores],
-        "attention_distance": [float(d.mean()) for d in layer_distances(maps)],
+        "attention_distance": [float(d.mean()) for d in distances],
+        "head_distances": [d.tolist() for d in distances],
     }
 
 
@@ -144,7 +148,6 @@ def analyse_run(run_dir: Path, figures: Path, data_dir: str | None) -> dict[str,
 
     from attnconv.models.checkpoint import construct, load_model
     from attnconv.models.presets import MODELS, PRESETS
-    from attnconv.viz.distance import layer_distances
     from attnconv.viz.figures import plot_model, test_images
     from attnconv.viz.grid import layer_grid_scores
     from attnconv.viz.maps import compute_attention, is_position_only
@@ -178,8 +181,6 @@ def analyse_run(run_dir: Path, figures: Path, data_dir: str | None) -> dict[str,
     name = f"{checkpoint['preset']}, epoch {checkpoint['epoch']}"
     plot = plot_model(model, figures, name, images, labels, num_images=AVERAGE_IMAGES, run=run)
     row.update(layer_summaries(plot.maps))
-    row["head_distances"] = [d.tolist() for d in layer_distances(plot.maps)]
-    row["grid"] = tuple(plot.maps.grid)
     torch.manual_seed(config["seed"])  # the initial weights of the run (train seeds the same way)
     initial = construct(checkpoint["architecture"], checkpoint["arguments"], run.best).eval()
     initial_maps = compute_attention(initial, tuple(initial.image_size), images)
