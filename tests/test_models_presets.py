@@ -128,9 +128,7 @@ def test_fashion_presets_scale_the_paper_models_down_alike():
             14,
         )
         assert preset.dataset == "fashion-mnist" and "batch_size" not in preset.recipe
-        # The paper's lr 0.1 moves the Gaussian centres; the learned tables train at 0.03.
-        expected_lr = 0.1 if kwargs["positional"] == "gaussian" else 0.03
-        assert preset.recipe["lr"] == expected_lr and "schedule" not in preset.recipe, name
+        assert preset.recipe["lr"] == 0.03 and "schedule" not in preset.recipe, name
         assert kwargs["dropout"] == kwargs["attention_dropout"] == 0.0
         model = create_model(name)
         assert model.token_grid(28, 28) == (14, 14)
