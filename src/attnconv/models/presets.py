@@ -100,9 +100,10 @@ _GENERALIZED = {"positional": "gaussian_full"}
 #   validation accuracy, and dropout only slowed learning). The paper's lr 0.1 moves the Gaussian
 #   centres faster but does not hold over a longer run at this width: in a 14-epoch run (seed 0)
 #   six of layer 0's nine heads gathered on one offset, then heads flew off to 6-9 tokens, and
-#   training accuracy fell from 69.9% to 65.5% in epoch 5 (docs/reproducing.md). The content model is the paper's
-#   code's ``w·r + q·k/√d`` with 16-wide queries and keys per head (the paper: 400; its
-#   per-image ``heads·N²`` scores make it ~7× slower per image than the position-only models).
+#   training accuracy fell from 69.9% to 65.5% in epoch 5 (docs/reproducing.md). The content
+#   model is the paper's code's ``w·r + q·k/√d`` with 16-wide queries and keys per head (the
+#   paper: 400; its per-image ``heads·N²`` scores make it ~7× slower per image than the
+#   position-only models).
 #   The CNN baseline (``resnet-fashion-small``) is a CIFAR ResNet-18 narrowed to widths 9..72 so
 #   that its size matches the attention models' (223k against 233k-242k parameters; the paper:
 #   11.2M against 12.1M); ``resnet-fashion`` (widths 16..128, 701k) is a wider second row. Both
