@@ -188,6 +188,7 @@ def test_the_fashion_mnist_experiment_is_shipped_within_10_mb():
         "learned-content-fashion",
         "resnet-fashion",
         "vit-fashion",
+        "resnet-fashion-small",
     ]
     folder = WEIGHTS_DIR
     total = sum(path.stat().st_size for path in folder.iterdir())
