@@ -217,10 +217,10 @@ def test_heads_of_a_shipped_model_are_its_weights(capsys):
     weights = load_file(WEIGHTS_DIR / "quadratic-fashion.safetensors")
     assert len(rows) == 4 * 9
     for layer, head, row, col, spread, condition, degenerate in rows:
-        centers = weights[f"blocks.{layer}.attention.centers"][int(head)]
+        centers = weights[f"blocks.{layer}.attention.position.centers"][int(head)]
         assert (float(row), float(col)) == pytest.approx(centers.tolist(), abs=5e-4)
         # isotropic: the covariance is I / s², so its geometric-mean inverse std is |s|
-        s = weights[f"blocks.{layer}.attention.spread"][int(head)].abs().item()
+        s = weights[f"blocks.{layer}.attention.position.spread"][int(head)].abs().item()
         assert float(spread) == pytest.approx(s, abs=5e-5)
         assert float(condition) == pytest.approx(1.0, abs=1e-3)
         assert degenerate == ("yes" if s < MIN_SPREAD else "no")
