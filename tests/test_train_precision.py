@@ -120,9 +120,8 @@ def test_eval_of_a_shipped_model_runs_in_fp32_the_precision_of_its_stated_figure
 ) -> None:
     """Where auto would pick bfloat16, --pretrained still runs in float32 unless asked, and says
     that the stated figure is float32's; asked for auto, it says what it ran in."""
-    from attnconv.train import loop
-
     from attnconv.models.pretrained import pretrained_info
+    from attnconv.train import loop
 
     stated = f"{pretrained_info('quadratic-fashion').test_accuracy:.4f}"
     precisions = []

@@ -102,8 +102,8 @@ _GENERALIZED = {"positional": "gaussian_full"}
 #   six of layer 0's nine heads gathered on one offset, then heads flew off to 6-9 tokens, and
 #   training accuracy fell from 69.9% to 65.5% in epoch 5 (docs/reproducing.md). The content
 #   model is the paper's code's ``w·r + q·k/√d`` with 16-wide queries and keys per head (the
-#   paper: 400; its per-image ``heads·N²`` scores make it ~7× slower per image than the
-#   position-only models).
+#   paper: 400; its per-image ``heads·N²`` scores make it ~1.5× slower per image than the
+#   position-only models in float32 on Zen 3).
 #   The CNN baseline (``resnet-fashion-small``) is a CIFAR ResNet-18 narrowed to widths 9..72 so
 #   that its size matches the attention models' (223k against 233k-242k parameters; the paper:
 #   11.2M against 12.1M); ``resnet-fashion`` (widths 16..128, 701k) is a wider second row. Both
@@ -114,9 +114,9 @@ _GENERALIZED = {"positional": "gaussian_full"}
 #   started (std 0.020 -> 0.025 in two epochs, measured) and the model read its patches as a bag
 #   (62% validation accuracy after two epochs).
 #   Epochs per model are what fits two hours of training on 2 Zen 3 cores at the measured speed
-#   (training images/s in float32: position-only attention 125-144, content 50, ResNets 412-735),
+#   (training images/s in float32: position-only attention 125-144, content 91, ResNets 412-735),
 #   except the ViT's 5 (about an hour at its 74-80 images/s in the training loop).
-FASHION_EPOCHS = {"position": 18, "content": 6, "vit": 5}
+FASHION_EPOCHS = {"position": 18, "content": 10, "vit": 5}
 FASHION_RESNET_EPOCHS = 50
 _FASHION_TRANSFORMER: dict[str, Any] = {
     **_FASHION_IMAGES,
