@@ -123,12 +123,13 @@ def test_eval_of_a_shipped_model_runs_in_fp32_the_precision_of_its_stated_figure
     from attnconv.models.pretrained import pretrained_info
     from attnconv.train import loop
 
-    stated = f"{pretrained_info('quadratic-fashion').test_accuracy:.4f}"
+    accuracy = pretrained_info("quadratic-fashion").test_accuracy
+    stated = f"{accuracy:.4f}"
     precisions = []
 
     def counted(model, loader, precision):  # the evaluation itself is the loop's, tested there
         precisions.append(precision)
-        return [2300.0, float(stated) * 10000, 10000.0]
+        return [2300.0, accuracy * 10000, 10000.0]
 
     monkeypatch.setattr(loop, "evaluation_sums", counted)
     monkeypatch.setattr(hardware, "cpu_features", lambda: dict(ZEN5))
