@@ -4,17 +4,21 @@ from __future__ import annotations
 
 import csv
 import json
+import shutil
 
 import pytest
 import torch
 
 from attnconv import reproduce
+from attnconv.data import load_splits
 from attnconv.models import create_model
-from attnconv.train.config import resolve_config
+from attnconv.models.pretrained import pretrained_models
+from attnconv.train.config import TrainConfig, resolve_config
 from attnconv.train.loop import train
 from attnconv.viz.figures import attention_figure
 from attnconv.viz.grid import layer_grid_scores
 from attnconv.viz.maps import compute_attention
+from train_helpers import command_config, without_bookkeeping
 
 
 @pytest.fixture(scope="module")
@@ -135,3 +139,29 @@ def test_results_row_figures_and_table_of_a_real_run(tmp_path, quick_run):
     scores = [float(v) for v in rows[0]["grid_score"].split()]
     assert scores == pytest.approx(row["grid_score"], abs=1e-4)
     assert rows[1]["grid_score"] == ""
+
+
+def test_shipped_weights_record_the_command_that_trained_them(tmp_path, quick_run):
+    data = load_splits("digits")
+    summary = json.loads((quick_run / "summary.json").read_text())
+    reproduce.export_run(quick_run, data, tmp_path / "weights")
+    run = pretrained_models(tmp_path / "weights")["quick"].run
+    saved = json.loads((quick_run / "config.json").read_text())
+    assert run["command"] == summary["command"]  # attnconv train, not the exporting command
+    assert without_bookkeeping(command_config(run["command"])) == without_bookkeeping(
+        TrainConfig.from_dict(saved)
+    )
+    assert (run["epochs"], run["best_epoch"], run["machine"]) == (
+        summary["epochs"], summary["best_epoch"], summary["machine"]
+    )
+
+    # a run finished before attnconv recorded them: its command rebuilt, no machine guessed
+    older = tmp_path / "older"
+    shutil.copytree(quick_run, older)
+    for key in ("command", "machine", "replans"):
+        del summary[key]
+    (older / "summary.json").write_text(json.dumps(summary))
+    reproduce.export_run(older, data, tmp_path / "weights")
+    run = pretrained_models(tmp_path / "weights")["quick"].run
+    assert run["command"] == json.loads((quick_run / "summary.json").read_text())["command"]
+    assert "machine" not in run

@@ -19,8 +19,10 @@ from attnconv.train.config import (
     load_config,
     resolve_config,
     save_config,
+    training_command,
 )
 from attnconv.train.schedule import LRSchedule, build_schedule
+from train_helpers import command_config, without_bookkeeping
 
 # ---------------------------------------------------------------------------- config
 
@@ -209,6 +211,57 @@ def test_an_extended_config_has_the_new_length_and_keeps_step_milestones() -> No
         with pytest.raises(UserError, match=r"the run has trained 6 epoch\(s\); --epochs sets its "
                            r"new length in all, so it must be more than 6 \(e.g. --epochs 12"):
             extended_config(cosine, epochs, trained=6)
+
+
+@pytest.mark.parametrize(
+    ("preset", "dataset", "overrides", "command"),
+    [
+        ("quick", None, [], "attnconv train --preset quick"),
+        (
+            "quadratic-fashion",
+            None,
+            ["precision=fp32", "model.weight_init=fan_in", "checkpoint_every=1", "progress=false"],
+            "attnconv train --preset quadratic-fashion precision=fp32 model.weight_init=fan_in",
+        ),
+        # the scaled milestones follow from the length: not written out
+        ("resnet18", "cifar100", ["epochs=30"], "attnconv train --preset resnet18 --dataset cifar100 epochs=30"),
+        ("resnet18", None, ["epochs=30", "milestones=5,10"], "attnconv train --preset resnet18 epochs=30 milestones=5,10"),
+        ("resnet18", None, ["milestones="], "attnconv train --preset resnet18 milestones="),
+        ("resnet18", None, ["schedule=cosine"], "attnconv train --preset resnet18 schedule=cosine"),
+        (
+            "quadratic-generalized-pruned",
+            None,
+            ["init=/runs/my run/best.pt", "lr=0.02"],
+            "attnconv train --preset quadratic-generalized-pruned --init '/runs/my run/best.pt' lr=0.02",
+        ),
+        (
+            "quick",
+            "digits",
+            ["model.heads=3,2", "grad_clip=1", "val_size=0.25", "compile=true", "seed=7", "device=cpu"],
+            "attnconv train --preset quick val_size=0.25 grad_clip=1.0 compile=true seed=7 model.heads=3,2",
+        ),
+    ],
+)
+def test_training_command_trains_the_same_config(preset, dataset, overrides, command) -> None:
+    config = resolve_config(preset, dataset, overrides)
+    assert training_command(config) == command
+    # read back by the command line, it is the same run (where it writes and reports aside)
+    assert without_bookkeeping(command_config(command)) == without_bookkeeping(config)
+
+
+def test_training_command_of_an_extended_run_repeats_its_resumes() -> None:
+    planned = resolve_config("quick", epochs=6, lr=0.03)
+    extended = extended_config(extended_config(planned, 10, trained=6), 14, trained=10)
+    assert training_command(extended, [[6, 6], [10, 10]]) == (
+        "attnconv train --preset quick epochs=6 lr=0.03 --out RUN"
+        " && attnconv train --resume RUN --epochs 10 && attnconv train --resume RUN --epochs 14"
+    )
+    assert command_config(training_command(extended, [[6, 6], [10, 10]]).split(" --out")[0]) == planned
+    # given a new length after its epoch 4 of 6: no command line stops a run there
+    assert training_command(extended_config(planned, 10, trained=4), [[6, 4]]) == (
+        "attnconv train --preset quick epochs=6 lr=0.03 --out RUN (stopped after epoch 4)"
+        " && attnconv train --resume RUN --epochs 10"
+    )
 
 
 def test_config_json_round_trip(tmp_path) -> None:

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from attnconv import cli
 from attnconv.data import BatchLoader, load_splits
 from attnconv.errors import UserError
+from attnconv.hardware import machine_description
 from attnconv.models import ImageTransformer, create_model
 from attnconv.models.checkpoint import load_checkpoint, load_model, save_checkpoint
 from attnconv.models.presets import preset_arguments
@@ -26,7 +27,7 @@ from attnconv.runs import RunDir
 from attnconv.train import loop
 from attnconv.train.config import TrainConfig, resolve_config
 from attnconv.train.loop import NonFiniteLossError, train
-from train_helpers import QUIET, TINY
+from train_helpers import QUIET, TINY, command_config, without_bookkeeping
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -184,6 +185,14 @@ def test_run_folder_contents_and_recipe(finished_run: Path) -> None:
     assert summary["test_acc"] == pytest.approx(
         independent_test_accuracy(finished_run / "checkpoints" / "best.pt"), abs=1e-12
     )
+    # how the run was made: the command that repeats it, the machine, no change of length
+    saved = TrainConfig.from_dict(config)
+    assert without_bookkeeping(command_config(summary["command"])) == without_bookkeeping(saved)
+    assert summary["command"] == (
+        "attnconv train --preset quick epochs=2 batch_size=64 precision=fp32 model.hidden=16 "
+        "model.depth=1 model.heads=2 model.head_dim=8 model.mlp_dim=32"
+    )
+    assert summary["machine"] == machine_description("cpu") and summary["replans"] == []
 
     checkpoint = load_checkpoint(finished_run / "checkpoints" / "last.pt")
     assert checkpoint["epoch"] == 2 and checkpoint["step"] == 40
@@ -259,6 +268,12 @@ def test_extending_a_finished_run_replans_the_cosine_schedule(
     assert summary["epochs"] == 4 and summary == json.loads((run_dir / "summary.json").read_text())
     last = load_checkpoint(run_dir / "checkpoints" / "last.pt")
     assert (last["epoch"], last["step"], last["config"]["epochs"]) == (4, 80, 4)
+    assert last["replans"] == summary["replans"] == [[2, 2]]  # from 2 epochs, after epoch 2
+    first_command, resume = summary["command"].split(" --out RUN && ")
+    assert resume == "attnconv train --resume RUN --epochs 4"
+    assert without_bookkeeping(command_config(first_command)) == without_bookkeeping(
+        TrainConfig.from_dict(json.loads((finished_run / "config.json").read_text()))
+    )
     out = capsys.readouterr()
     assert (
         "the run's length goes from 2 to 4 epochs: the cosine schedule is re-planned over 4 "

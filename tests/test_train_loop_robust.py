@@ -306,6 +306,19 @@ def test_checkpoints_whose_fields_do_not_fit_are_one_line_in_every_command(
     assert str(run_dir / "checkpoints" / "last.pt") in err and message in err, err
 
 
+def test_a_malformed_record_of_length_changes_stops_a_resume_in_one_line(
+    finished: Path, tmp_path: Path, capsys
+) -> None:
+    def replans_as_text(checkpoint: dict) -> None:
+        checkpoint["replans"] = "2 -> 4"
+
+    run_dir = altered(finished, tmp_path / "run", replans_as_text)
+    assert cli.main(["train", "--resume", str(run_dir), "--epochs", "4"]) == 2
+    err = one_line_error(capsys.readouterr().err)
+    assert str(run_dir / "checkpoints" / "last.pt") in err, err
+    assert "its 'replans' entry should be a list of [epochs planned, epochs trained] pairs, got '2 -> 4'" in err
+
+
 # ---------------------------------------------------------------------------- 4, 5. disks
 
 

@@ -296,19 +296,27 @@ def write_results(
 
 def export_run(run_dir: Path, data: DataSplits, folder: Path) -> float:
     """Ship the run's best checkpoint into ``folder`` as pretrained weights; returns its float32
-    accuracy on ``data``'s test split (the run's dataset)."""
+    accuracy on ``data``'s test split (the run's dataset).
+
+    The entry's ``run`` says how the weights were trained: the ``attnconv train`` command that
+    repeats the run (``attnconv.train.config.training_command``), its length, best epoch,
+    precision, training time in seconds and, where ``summary.json`` records it, the machine."""
     from attnconv.data import BatchLoader
-    from attnconv.hardware import machine_description
     from attnconv.models.checkpoint import load_model
     from attnconv.models.presets import PRESETS
     from attnconv.models.pretrained import export_pretrained
+    from attnconv.train.config import TrainConfig, training_command
     from attnconv.train.loop import evaluation_sums
 
-    model, checkpoint = load_model(RunDir(run_dir).best)
+    run = RunDir(run_dir)
+    model, checkpoint = load_model(run.best)
     preset = PRESETS[checkpoint["preset"]]
     loader = BatchLoader(data.test, 500, device="cpu", train=False, flip=False)
     _, correct, seen = evaluation_sums(model, loader, "fp32")
-    summary = json.loads(RunDir(run_dir).summary.read_text())
+    summary = json.loads(run.summary.read_text())
+    config = TrainConfig.from_dict(json.loads(run.config.read_text()))
+    # runs finished before attnconv recorded them lack replans and machine
+    machine = {"machine": summary["machine"]} if "machine" in summary else {}
     export_pretrained(
         model,
         preset.name,
@@ -318,12 +326,12 @@ def export_run(run_dir: Path, data: DataSplits, folder: Path) -> float:
         arguments=checkpoint["arguments"],
         test_accuracy=correct / seen,
         run={
-            "command": f"attnconv reproduce {checkpoint['dataset']}",
+            "command": training_command(config, summary.get("replans", ())),
             "epochs": summary["epochs"],
             "best_epoch": summary["best_epoch"],
             "precision": summary.get("precision"),
             "train_time_s": summary["train_time_s"],
-            "machine": machine_description("cpu"),
+            **machine,
         },
         folder=folder,
     )

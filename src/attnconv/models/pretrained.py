@@ -7,7 +7,8 @@ what it is and how to rebuild it without consulting the current presets:
     name, description, dataset, architecture (a ``MODELS`` key), arguments (every constructor
     argument, so a later edit of a preset never changes how old weights load), file, sha256 (of
     the file's bytes, checked before anything is read), test_accuracy (on the dataset's test set,
-    in [0, 1]), and the run that made it (command, epochs, precision, CPU, training time).
+    in [0, 1]), and the run that made it (the ``attnconv train`` command that repeats it, epochs,
+    best epoch, precision, training time, and the machine where the run recorded it).
 
 The models normalise their own input (mean and std are buffers), so they take float images in
 ``[0, 1]`` of shape ``(B, C, H, W)`` like every model of the package, and are returned in eval mode.

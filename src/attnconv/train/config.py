@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import shlex
 import types
 import typing
 from collections.abc import Mapping, Sequence
@@ -329,6 +330,66 @@ def extended_config(config: TrainConfig, epochs: int, trained: int) -> TrainConf
     extended = dataclasses.replace(config, epochs=epochs, milestones=milestones)
     check_config(extended)
     return extended
+
+
+# Settings that say where a run reads and writes and how it reports, not what it computes.
+BOOKKEEPING_KEYS: tuple[str, ...] = (
+    "data_dir", "device", "checkpoint_every", "checkpoint_steps", "tensorboard", "progress",
+)
+
+
+def override_text(value: Any) -> str:
+    """``value`` as a ``key=value`` override writes it (``coerce`` reads it back): tuples
+    comma-separated, ``None`` as ``none``, booleans as ``true``/``false``."""
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (tuple, list)):
+        return ",".join(override_text(item) for item in value)
+    return str(value)
+
+
+def training_command(config: TrainConfig, replans: Sequence[Sequence[int]] = ()) -> str:
+    """The command line that trains ``config`` again: ``attnconv train --preset P`` with, as
+    ``key=value``, every setting in which ``config`` departs from the preset's own
+    (``resolve_config(preset)``), the ``BOOKKEEPING_KEYS`` aside.
+
+    ``replans``: how ``attnconv train --resume RUN --epochs N`` changed the run's length, oldest
+    first, each ``(the length before it, the epochs trained then)``. The first command then
+    trains the first length into ``RUN`` and one resume per later length follows, joined by
+    ``&&``; a re-plan made before the run had finished its length (an interrupted run) is marked
+    ``(stopped after epoch T)``, which no command line repeats.
+    """
+    lengths = [planned for planned, _ in replans] + [config.epochs]
+    first = dataclasses.replace(config, epochs=lengths[0])
+    preset = PRESETS[config.preset]
+    words = ["attnconv", "train", "--preset", config.preset]
+    if config.dataset != preset.dataset:
+        words += ["--dataset", config.dataset]
+    # the checkpoint a fine-tuning run starts from (the pruned preset needs one)
+    start = {} if config.init is None else {"init": config.init}
+    if config.init is not None:
+        words += ["--init", shlex.quote(config.init)]
+    overrides: list[str] = []
+    baseline = resolve_config(config.preset, config.dataset, **start)
+    for key in CONFIG_KEYS:
+        if key in (*BOOKKEEPING_KEYS, "preset", "dataset", "init", "milestones"):
+            continue
+        if getattr(first, key) != getattr(baseline, key):
+            overrides.append(f"{key}={override_text(getattr(first, key))}")
+    overrides += [f"{MODEL_PREFIX}{key}={override_text(value)}" for key, value in config.model.items()]
+    # the milestones only where the schedule and length do not already give them
+    if resolve_config(config.preset, config.dataset, overrides, **start).milestones != first.milestones:
+        overrides.append(f"milestones={override_text(first.milestones)}")
+    command = " ".join(words + overrides)
+    if replans:
+        command += " --out RUN"
+    for (planned, trained), length in zip(replans, lengths[1:], strict=True):
+        if trained != planned:
+            command += f" (stopped after epoch {trained})"
+        command += f" && attnconv train --resume RUN --epochs {length}"
+    return command
 
 
 def save_config(config: TrainConfig, path: str | Path) -> None:

@@ -43,7 +43,7 @@ from tqdm import tqdm
 
 from attnconv.data import BatchLoader, DataSplits, load_splits
 from attnconv.errors import UserError
-from attnconv.hardware import resolve_precision
+from attnconv.hardware import machine_description, resolve_precision
 from attnconv.memory import reuse_freed_memory
 from attnconv.models import MODELS, PRESETS, count_macs, count_parameters
 from attnconv.models.checkpoint import (
@@ -67,7 +67,7 @@ from attnconv.runs import (
 )
 from attnconv.train import distributed
 from attnconv.train.checkpoint import rng_state, set_rng_state
-from attnconv.train.config import TrainConfig, extended_config, save_config
+from attnconv.train.config import TrainConfig, extended_config, save_config, training_command
 from attnconv.train.logger import EpochFigure, RunLogger
 from attnconv.train.schedule import LRSchedule, build_schedule
 
@@ -181,6 +181,24 @@ def _resumed_config(checkpoint: dict[str, Any], given: TrainConfig | None, run: 
             f"continues with the checkpoint's, and config.json is rewritten from it"
         )
     return saved
+
+
+def _replans(checkpoint: dict[str, Any], run_dir: Path) -> list[list[int]]:
+    """A resumed run's earlier re-plans of its length (``train(..., epochs=N)``), oldest first,
+    each ``[the length before it, the epochs trained then]`` (checkpoints written before attnconv
+    recorded them: none); CheckpointError if the entry is malformed."""
+    replans = checkpoint.get("replans", [])
+    if not isinstance(replans, list) or not all(
+        isinstance(pair, list)
+        and len(pair) == 2
+        and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in pair)
+        for pair in replans
+    ):
+        raise CheckpointError(
+            f"checkpoint {RunDir(run_dir).last} cannot be resumed: its 'replans' entry should be "
+            f"a list of [epochs planned, epochs trained] pairs, got {replans!r}"
+        )
+    return [list(pair) for pair in replans]
 
 
 def _dropout_seed(seed: int, rank: int) -> int:
@@ -346,6 +364,10 @@ class Trainer:
 
         # the length the run had before train(..., epochs=N) re-planned it
         self.planned_epochs = config.epochs if resumed is None else int(resumed["config"]["epochs"])
+        # each such re-plan, oldest first: [the length before it, the epochs trained then]
+        self.replans: list[list[int]] = [] if resumed is None else _replans(resumed, run_dir)
+        if self.planned_epochs != config.epochs:
+            self.replans.append([self.planned_epochs, int(resumed["epoch"])])
         self.epoch, self.step = 0, 0
         self.metrics: list[dict[str, Any]] = []
         self.progress = {"loss_sum": 0.0, "correct": 0.0, "seen": 0.0}
@@ -551,6 +573,7 @@ class Trainer:
             "epoch": self.epoch,
             "step": self.step,
             "config": self.config.to_dict(),
+            "replans": self.replans,
             "metrics": self.metrics,
             "epoch_progress": epoch_progress,
         }
@@ -845,6 +868,9 @@ class Trainer:
                 * self.config.batch_size
                 / train_time,
                 "best_checkpoint": str(best_path),
+                "replans": self.replans,
+                "machine": machine_description(self.device),
+                "command": training_command(self.config, self.replans),
             }
             with self._writing(self.run.summary):
                 write_json(self.run.summary, summary)
