@@ -305,7 +305,7 @@ def export_run(run_dir: Path, data: DataSplits, folder: Path) -> float:
     from attnconv.models.checkpoint import load_model
     from attnconv.models.presets import PRESETS
     from attnconv.models.pretrained import export_pretrained
-    from attnconv.train.config import TrainConfig, training_command
+    from attnconv.train.config import load_config, training_command
     from attnconv.train.loop import evaluation_sums
 
     run = RunDir(run_dir)
@@ -314,7 +314,7 @@ def export_run(run_dir: Path, data: DataSplits, folder: Path) -> float:
     loader = BatchLoader(data.test, 500, device="cpu", train=False, flip=False)
     _, correct, seen = evaluation_sums(model, loader, "fp32")
     summary = json.loads(run.summary.read_text())
-    config = TrainConfig.from_dict(json.loads(run.config.read_text()))
+    config = load_config(run.config)
     # runs finished before attnconv recorded them lack replans and machine
     machine = {"machine": summary["machine"]} if "machine" in summary else {}
     export_pretrained(

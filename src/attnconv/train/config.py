@@ -367,9 +367,9 @@ def training_command(config: TrainConfig, replans: Sequence[Sequence[int]] = ())
     words = ["attnconv", "train", "--preset", config.preset]
     if config.dataset != preset.dataset:
         words += ["--dataset", config.dataset]
-    # the checkpoint a fine-tuning run starts from (the pruned preset needs one)
-    start = {} if config.init is None else {"init": config.init}
+    start: dict[str, str] = {}  # the checkpoint a fine-tuning run starts from (pruned preset)
     if config.init is not None:
+        start["init"] = config.init
         words += ["--init", shlex.quote(config.init)]
     overrides: list[str] = []
     baseline = resolve_config(config.preset, config.dataset, **start)

@@ -183,7 +183,7 @@ def _resumed_config(checkpoint: dict[str, Any], given: TrainConfig | None, run: 
     return saved
 
 
-def _replans(checkpoint: dict[str, Any], run_dir: Path) -> list[list[int]]:
+def _replans(checkpoint: dict[str, Any], run: RunDir) -> list[list[int]]:
     """A resumed run's earlier re-plans of its length (``train(..., epochs=N)``), oldest first,
     each ``[the length before it, the epochs trained then]`` (checkpoints written before attnconv
     recorded them: none); CheckpointError if the entry is malformed."""
@@ -195,7 +195,7 @@ def _replans(checkpoint: dict[str, Any], run_dir: Path) -> list[list[int]]:
         for pair in replans
     ):
         raise CheckpointError(
-            f"checkpoint {RunDir(run_dir).last} cannot be resumed: its 'replans' entry should be "
+            f"checkpoint {run.last} cannot be resumed: its 'replans' entry should be "
             f"a list of [epochs planned, epochs trained] pairs, got {replans!r}"
         )
     return [list(pair) for pair in replans]
@@ -365,7 +365,7 @@ class Trainer:
         # the length the run had before train(..., epochs=N) re-planned it
         self.planned_epochs = config.epochs if resumed is None else int(resumed["config"]["epochs"])
         # each such re-plan, oldest first: [the length before it, the epochs trained then]
-        self.replans: list[list[int]] = [] if resumed is None else _replans(resumed, run_dir)
+        self.replans: list[list[int]] = [] if resumed is None else _replans(resumed, self.run)
         if self.planned_epochs != config.epochs:
             self.replans.append([self.planned_epochs, int(resumed["epoch"])])
         self.epoch, self.step = 0, 0
