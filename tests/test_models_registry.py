@@ -288,6 +288,7 @@ def test_learned_grid_larger_than_max_size():
         ({"in_channels": 1}, "one value per input channel"),
         ({"image_size": (32, 33)}, "not divisible"),
         ({"weight_init": "xavier"}, "weight_init must be one of"),
+        ({"positional_init": "fan_in"}, "positional_init must be one of"),
         ({"position_term": False, "positional": "learned"}, "needs content_positional=True"),
     ],
 )
@@ -356,6 +357,33 @@ def test_bert_and_fan_in_initialisations_are_named_options():
         1 / math.sqrt(256), rel=0.05
     )
     assert torch.count_nonzero(lecun.blocks[0].mlp_out.bias) == 0
+
+
+@pytest.mark.parametrize(
+    ("weight_init", "positional_init", "table_std"),
+    [
+        ("fan_in", None, 0.02),
+        ("fan_in", "original", 1.0),
+        ("original", "bert", 0.02),
+        ("bert", "original", 1.0),
+    ],
+)
+def test_positional_init_draws_the_tables_apart_from_the_linears(
+    weight_init, positional_init, table_std
+):
+    """positional_init picks the learned tables' start; weight_init keeps the Linear layers'."""
+    torch.manual_seed(0)
+    model = create_model(
+        "learned-fashion", weight_init=weight_init, positional_init=positional_init
+    )
+    for layer in model.attention_layers():
+        for table in (layer.position.row_embedding, layer.position.col_embedding):
+            assert table.std().item() == pytest.approx(table_std, rel=0.1)
+    mlp_in = model.blocks[0].mlp_in
+    linear_std = {"fan_in": mlp_in.in_features**-0.5, "bert": 0.02}.get(
+        weight_init, 1 / math.sqrt(3 * mlp_in.in_features)
+    )
+    assert mlp_in.weight.std().item() == pytest.approx(linear_std, rel=0.1)
 
 
 def test_arguments_of_earlier_versions_still_build():

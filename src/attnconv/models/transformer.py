@@ -36,8 +36,15 @@ WEIGHT_INITS: tuple[str, ...] = ("original", "bert", "fan_in")
 * ``"fan_in"``: every ``Linear`` weight ``N(0, 1/fan_in)`` with zero biases, learned tables as
   ``"bert"`` (attnconv's earlier choice for its small presets).
 
+``ImageTransformer(positional_init=…)`` draws the learned tables another way than ``weight_init``
+implies (:data:`POSITIONAL_INITS`): ``weight_init="fan_in", positional_init="original"`` starts the
+Linear layers at ``N(0, 1/fan_in)`` and the tables and head keys as the paper's code did.
+
 Gaussian centres and spreads start as the paper says under all three; LayerNorms at scale 1,
 shift 0."""
+POSITIONAL_INITS: tuple[str, ...] = ("original", "bert")
+"""How the learned tables and head keys start: ``"original"`` (``N(0, 1)`` tables, keys
+``U(±1/√fan_in)``) or ``"bert"`` (``N(0, 0.02²)``); see :class:`attnconv.MultiHeadSelfAttention2d`."""
 _POSITIONAL_INIT = {"original": "original", "bert": "bert", "fan_in": "bert"}
 
 
@@ -127,6 +134,9 @@ class ImageTransformer(nn.Module):
         weight_init: how the weights start, one of :data:`WEIGHT_INITS`: ``"original"`` (the
             paper's code: PyTorch's defaults, learned tables ``N(0, 1)``), ``"bert"``
             (``N(0, 0.02²)``) or ``"fan_in"`` (``N(0, 1/fan_in)``).
+        positional_init: how the learned tables and head keys start, one of
+            :data:`POSITIONAL_INITS`; ``None`` (default) follows ``weight_init`` (``"original"``
+            for ``"original"``, ``"bert"`` for the other two). Only the learned encoding has them.
     """
 
     def __init__(
@@ -150,6 +160,7 @@ class ImageTransformer(nn.Module):
         attention_dropout: float = 0.1,
         weight_init: str = "original",
         position_term: bool = True,
+        positional_init: str | None = None,
     ) -> None:
         super().__init__()
         for name, value in (
@@ -165,6 +176,11 @@ class ImageTransformer(nn.Module):
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
         if weight_init not in WEIGHT_INITS:
             raise ValueError(f"weight_init must be one of {WEIGHT_INITS}, got {weight_init!r}")
+        if positional_init is not None and positional_init not in POSITIONAL_INITS:
+            raise ValueError(
+                f"positional_init must be one of {POSITIONAL_INITS} or None (follow weight_init), "
+                f"got {positional_init!r}"
+            )
         if positional not in POSITIONAL:
             raise ValueError(f"positional must be one of {POSITIONAL}, got {positional!r}")
         heads_per_layer = [heads] * depth if isinstance(heads, int) else list(heads)
@@ -197,7 +213,7 @@ class ImageTransformer(nn.Module):
                 dropout,
                 attention_dropout,
                 position_term,
-                _POSITIONAL_INIT[weight_init],
+                _POSITIONAL_INIT[weight_init] if positional_init is None else positional_init,
             )
             for layer_heads in heads_per_layer
         )
