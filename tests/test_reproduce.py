@@ -12,6 +12,7 @@ import torch
 from attnconv import reproduce
 from attnconv.data import load_splits
 from attnconv.models import create_model
+from attnconv.models.presets import preset_arguments
 from attnconv.models.pretrained import pretrained_models
 from attnconv.train.config import TrainConfig, resolve_config
 from attnconv.train.loop import train
@@ -51,22 +52,23 @@ def test_presets_of_an_experiment():
 def test_finished_runs_are_skipped_and_interrupted_ones_resumed(tmp_path, monkeypatch, quick_run):
     calls = []
     monkeypatch.setattr("attnconv.train.loop.train", lambda *a, **k: calls.append((a, k)))
+    settings = {"precision": "fp32", "seed": 3, "checkpoint_every": 1}
     assert reproduce.run_state(quick_run) == "finished"
-    reproduce.train_run("quick", "digits", quick_run, "fp32", None)
+    reproduce.train_run("quick", "digits", quick_run, settings, None)
     assert calls == []
 
     interrupted = tmp_path / "interrupted"
     (interrupted / "checkpoints").mkdir(parents=True)
     (interrupted / "checkpoints" / "last.pt").write_bytes(b"")
     assert reproduce.run_state(interrupted) == "interrupted"
-    reproduce.train_run("quick", "digits", interrupted, "fp32", None)
+    reproduce.train_run("quick", "digits", interrupted, settings, None)
     ((args, kwargs),) = calls
     assert args == (None, interrupted)  # the config saved in last.pt, the one source of truth
     assert kwargs == {"resume": True, "epoch_figure": attention_figure}
 
     calls.clear()
     assert reproduce.run_state(tmp_path / "new") == "new"
-    reproduce.train_run("quick", "digits", tmp_path / "new", "fp32", None)
+    reproduce.train_run("quick", "digits", tmp_path / "new", settings, None)
     ((args, kwargs),) = calls
     config = args[0]
     assert (config.preset, config.dataset, config.precision, config.checkpoint_every) == (
@@ -75,6 +77,58 @@ def test_finished_runs_are_skipped_and_interrupted_ones_resumed(tmp_path, monkey
         "fp32",
         1,
     )
+    assert config.seed == 3
+
+
+def test_run_settings_follow_the_recipe_seed_and_precision():
+    shipped = reproduce.run_settings("fashion-mnist", "quadratic-fashion", "shipped", 1)
+    config = resolve_config("quadratic-fashion", **shipped)
+    assert (config.epochs, config.precision, config.seed, config.checkpoint_every) == (
+        26,
+        "fp32",
+        1,
+        1,
+    )
+    assert config.model == {"weight_init": "fan_in"}
+    presets = resolve_config(
+        "quadratic-fashion",
+        **reproduce.run_settings("fashion-mnist", "quadratic-fashion", "presets", 0),
+    )
+    assert presets.model == {} and presets.precision == "auto"
+    assert presets.epochs == resolve_config("quadratic-fashion").epochs != 26
+    bf16 = reproduce.run_settings("fashion-mnist", "learned-fashion", "shipped", 0, "bf16")
+    assert bf16["precision"] == "bf16" and bf16["epochs"] == 22
+    # the recipe table itself is not changed by a run's settings
+    bf16["model"]["weight_init"] = "bert"
+    assert reproduce.SHIPPED_RECIPES["fashion-mnist"]["learned-fashion"]["model"] == {
+        "weight_init": "fan_in",
+        "positional_init": "original",
+    }
+    with pytest.raises(ValueError, match="unknown recipe 'paper'; valid recipes: shipped, presets"):
+        reproduce.run_settings("fashion-mnist", "learned-fashion", "paper", 0)
+
+
+def test_the_shipped_recipes_are_the_runs_of_the_shipped_weights():
+    """Each shipped Fashion-MNIST model was trained as its recipe says: the same epochs, the
+    same constructor arguments (the recipe's model settings and nothing else differ from the
+    preset), and the same precision (``auto``: what auto chose on the machine that trained it)."""
+    recipes = reproduce.SHIPPED_RECIPES["fashion-mnist"]
+    shipped = {n: e for n, e in pretrained_models().items() if e.dataset == "fashion-mnist"}
+    assert set(recipes) == set(shipped) == set(reproduce.EXPERIMENTS["fashion-mnist"])
+    data_keys = ("num_classes", "in_channels", "image_size", "mean", "std")
+    for preset, entry in shipped.items():
+        config = resolve_config(
+            preset, **reproduce.run_settings("fashion-mnist", preset, "shipped", 0)
+        )
+        assert config.epochs == entry.run["epochs"], preset
+        data = {key: entry.arguments[key] for key in data_keys}
+        architecture, arguments = preset_arguments(preset, **{**config.model, **data})
+        assert architecture == entry.architecture
+        assert json.loads(json.dumps(arguments)) == entry.arguments, preset
+        if config.precision == "auto":
+            assert entry.run["machine"].endswith(f"auto precision {entry.run['precision']}")
+        else:
+            assert config.precision == entry.run["precision"], preset
 
 
 def test_results_row_figures_and_table_of_a_real_run(tmp_path, quick_run):
@@ -82,7 +136,7 @@ def test_results_row_figures_and_table_of_a_real_run(tmp_path, quick_run):
     row = reproduce.analyse_run(quick_run, tmp_path / "figures", None)
     for key in ("test_acc", "parameters", "macs_per_image", "train_time_s", "images_per_s"):
         assert row[key] == summary[key]
-    assert row["epochs"] == 1 and row["grid_kernel"] == 3
+    assert row["epochs"] == 1 and row["grid_kernel"] == 3 and row["seed"] == 0
     depth = create_model("quick").heads_per_layer()
     assert len(row["grid_score"]) == len(row["grid_coverage"]) == len(depth)
     assert len(row["attention_distance"]) == len(depth)
@@ -121,14 +175,14 @@ def test_results_row_figures_and_table_of_a_real_run(tmp_path, quick_run):
     references = reproduce.REFERENCES["fashion-mnist"]
     files = reproduce.write_results([row, resnet_row], tmp_path, "a test machine", references)
     markdown = files[0].read_text().splitlines()
-    assert markdown[0].startswith("| model | epochs | test acc. (%)")
+    assert markdown[0].startswith("| model | seeds | epochs | test acc. (%)")
     cells = [c.strip() for c in markdown[2].strip("|").split("|")]
     assert len(cells) == len(markdown[0].strip("|").split("|"))
-    assert cells[0] == "`quick`" and cells[2] == f"{100 * summary['test_acc']:.2f}"
-    assert cells[8] == " / ".join(f"{g:.2f}" for g in row["grid_score"])
+    assert cells[:4] == ["`quick`", "0", "1", f"{100 * summary['test_acc']:.2f}"]
+    assert cells[9] == " / ".join(f"{g:.2f}" for g in row["grid_score"])
     covered = [round(c * 9) for c in row["grid_coverage"]]
-    assert cells[10] == " / ".join(f"{c}/9" for c in covered)
-    assert [c.strip() for c in markdown[3].strip("|").split("|")][8:] == ["-"] * 4
+    assert cells[11] == " / ".join(f"{c}/9" for c in covered)
+    assert [c.strip() for c in markdown[3].strip("|").split("|")][9:] == ["-"] * 4
     assert markdown[-1] == "Trained on: a test machine"
     listed = [line for line in markdown if line.startswith("- ")]
     assert listed[0] == "- softmax (logistic) regression: 83–84% (the dataset's benchmark table)"
@@ -136,9 +190,103 @@ def test_results_row_figures_and_table_of_a_real_run(tmp_path, quick_run):
     with files[1].open() as handle:
         rows = list(csv.DictReader(handle))
     assert rows[0]["preset"] == "quick" and float(rows[0]["test_acc"]) == summary["test_acc"]
+    assert rows[0]["seed"] == "0"
     scores = [float(v) for v in rows[0]["grid_score"].split()]
     assert scores == pytest.approx(row["grid_score"], abs=1e-4)
     assert rows[1]["grid_score"] == ""
+
+
+def test_a_table_over_seeds_gives_mean_and_spread_and_a_csv_row_per_run(tmp_path):
+    def run_row(seed, accuracy, scores, coverage, distances):
+        return {
+            "preset": "quadratic-fashion",
+            "seed": seed,
+            "epochs": 26,
+            "test_acc": accuracy,
+            "parameters": 232758,
+            "macs_per_image": 57.7e6,
+            "train_time_s": 7000.0 + 200 * seed,
+            "images_per_s": 190.0 + 10 * seed,
+            "precision": "fp32",
+            "grid_kernel": 3,
+            "grid_score": scores,
+            "grid_score_init": [0.1, 0.1],
+            "grid_coverage": coverage,
+            "attention_distance": distances,
+            "head_distances": [[d] * 9 for d in distances],
+            "grid": (14, 14),
+        }
+
+    rows = [
+        run_row(0, 0.9207, [0.50, 0.20], [4 / 9, 0.0], [1.4, 1.8]),
+        run_row(1, 0.9181, [0.46, 0.30], [3 / 9, 1 / 9], [1.6, 2.0]),
+    ]
+    (model,) = reproduce.model_summaries(rows)
+    assert model["seeds"] == [0, 1] and model["epochs"] == [26] and model["precision"] == ["fp32"]
+    assert model["test_acc"] == pytest.approx(0.9194)
+    assert model["test_acc_sd"] == pytest.approx(0.0026 / 2**0.5)  # sample deviation of two
+    assert model["grid_score"] == pytest.approx([0.48, 0.25])
+    assert model["attention_distance"] == pytest.approx([1.5, 1.9])
+    assert model["train_time_s"] == 7100.0 and model["images_per_s"] == 195.0
+    markdown, table = reproduce.write_results(rows, tmp_path, "a test machine")
+    lines = markdown.read_text().splitlines()
+    assert len([line for line in lines if line.startswith("| `")]) == 1  # one row per model
+    cells = [c.strip() for c in lines[2].strip("|").split("|")]
+    assert cells[:4] == ["`quadratic-fashion`", "0, 1", "26", "91.94 ± 0.18"]
+    assert cells[9] == "0.48 / 0.25" and cells[10] == "0.10 / 0.10"
+    assert cells[11] == "3.5/9 / 0.5/9" and cells[12] == "1.50 / 1.90"
+    with table.open() as handle:
+        runs = list(csv.DictReader(handle))
+    assert [(r["seed"], r["test_acc"]) for r in runs] == [("0", "0.9207"), ("1", "0.9181")]
+    # one seed: no spread shown
+    (single,) = reproduce.model_summaries(rows[:1])
+    assert single["test_acc_sd"] is None
+    markdown, _ = reproduce.write_results(rows[1:], tmp_path, "a test machine")
+    assert "| `quadratic-fashion` | 1 | 26 | 91.81 |" in markdown.read_text()
+
+
+def test_the_experiment_trains_each_model_once_per_seed_into_its_own_folder(tmp_path, monkeypatch):
+    trained, analysed, compared = [], [], []
+    monkeypatch.setattr(
+        reproduce,
+        "train_run",
+        lambda preset, _, folder, settings, __: trained.append(
+            (preset, folder, settings["seed"], settings["epochs"])
+        ),
+    )
+
+    def analyse(folder, figures, _):
+        analysed.append((folder, figures))
+        seed = int(folder.name.removeprefix("seed-"))
+        return {"preset": folder.parent.name, "seed": seed, "head_distances": None}
+
+    monkeypatch.setattr(reproduce, "analyse_run", analyse)
+    monkeypatch.setattr(reproduce, "write_results", lambda rows, out, *_: [out / "results.md"])
+    monkeypatch.setattr(
+        reproduce, "write_distance_comparison", lambda rows, _: compared.extend(rows) or []
+    )
+    (tmp_path / "results.md").write_text("table")
+    presets = ["quadratic-fashion", "learned-fashion"]
+    reproduce.run_experiment("fashion-mnist", tmp_path, presets, seeds=[1, 0, 1])
+    assert trained == [
+        ("quadratic-fashion", tmp_path / "quadratic-fashion" / "seed-1", 1, 26),
+        ("quadratic-fashion", tmp_path / "quadratic-fashion" / "seed-0", 0, 26),
+        ("learned-fashion", tmp_path / "learned-fashion" / "seed-1", 1, 22),
+        ("learned-fashion", tmp_path / "learned-fashion" / "seed-0", 0, 22),
+    ]
+    assert analysed[0] == (
+        tmp_path / "quadratic-fashion" / "seed-1",
+        tmp_path / "figures" / "quadratic-fashion" / "seed-1",
+    )
+    # the distance figure shows the first seed's runs
+    assert [(r["preset"], r["seed"]) for r in compared] == [
+        ("quadratic-fashion", 1),
+        ("learned-fashion", 1),
+    ]
+    with pytest.raises(ValueError, match="at least one seed"):
+        reproduce.run_experiment("fashion-mnist", tmp_path, presets, seeds=[])
+    with pytest.raises(ValueError, match=r"seeds must be integers in \[0, 2\*\*63\), got \[-1\]"):
+        reproduce.run_experiment("fashion-mnist", tmp_path, presets, seeds=[0, -1])
 
 
 def test_shipped_weights_record_the_command_that_trained_them(tmp_path, quick_run):
@@ -152,7 +300,9 @@ def test_shipped_weights_record_the_command_that_trained_them(tmp_path, quick_ru
         TrainConfig.from_dict(saved)
     )
     assert (run["epochs"], run["best_epoch"], run["machine"]) == (
-        summary["epochs"], summary["best_epoch"], summary["machine"]
+        summary["epochs"],
+        summary["best_epoch"],
+        summary["machine"],
     )
 
     # a run finished before attnconv recorded them: its command rebuilt, no machine guessed
@@ -165,3 +315,31 @@ def test_shipped_weights_record_the_command_that_trained_them(tmp_path, quick_ru
     run = pretrained_models(tmp_path / "weights")["quick"].run
     assert run["command"] == json.loads((quick_run / "summary.json").read_text())["command"]
     assert "machine" not in run
+
+
+def test_the_command_line_passes_seeds_recipe_and_precision(monkeypatch, tmp_path):
+    from attnconv.cli import main
+
+    calls = []
+    monkeypatch.setattr(reproduce, "run_experiment", lambda *a, **k: calls.append((a, k)))
+    out = str(tmp_path / "experiment")
+    assert main(["reproduce", "fashion-mnist", "--out", out, "--seeds", "0", "1"]) == 0
+    assert (
+        main(
+            [
+                "reproduce",
+                "fashion-mnist",
+                "--out",
+                out,
+                "--recipe",
+                "presets",
+                "--precision",
+                "bf16",
+            ]
+        )
+        == 0
+    )
+    (args, first), (_, second) = calls
+    assert args == ("fashion-mnist", out)
+    assert (first["seeds"], first["recipe"], first["precision"]) == ([0, 1], "shipped", None)
+    assert (second["seeds"], second["recipe"], second["precision"]) == ([0], "presets", "bf16")

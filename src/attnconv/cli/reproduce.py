@@ -6,7 +6,10 @@ from __future__ import annotations
 import argparse
 
 from attnconv.hardware import PRECISIONS
-from attnconv.reproduce import EXPERIMENTS  # a light module: its heavy imports are in functions
+from attnconv.reproduce import (  # a light module: its heavy imports are in functions
+    EXPERIMENTS,
+    RECIPES,
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -19,10 +22,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="only these models of the experiment (default: all)",
     )
     parser.add_argument(
+        "--seeds",
+        nargs="+",
+        type=int,
+        default=[0],
+        metavar="SEED",
+        help="train every model once per seed (default: 0); the table gives mean ± standard "
+        "deviation over them",
+    )
+    parser.add_argument(
+        "--recipe",
+        choices=RECIPES,
+        default="shipped",
+        help="how new runs train: as the shipped weights were trained (default), or the presets "
+        "as they stand (the paper code's start)",
+    )
+    parser.add_argument(
         "--precision",
         choices=PRECISIONS,
-        default="auto",
-        help="training precision of new runs (auto: bfloat16 where native)",
+        help="training precision of new runs (default: the recipe's; auto: bfloat16 where native)",
     )
     parser.add_argument("--data-dir", help="where datasets live")
     parser.add_argument(
@@ -44,5 +62,7 @@ def run(args: argparse.Namespace) -> int:
         precision=args.precision,
         data_dir=args.data_dir,
         export_weights=args.export_weights,
+        seeds=args.seeds,
+        recipe=args.recipe,
     )
     return 0
