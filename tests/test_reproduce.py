@@ -283,6 +283,16 @@ def test_the_experiment_trains_each_model_once_per_seed_into_its_own_folder(tmp_
         ("quadratic-fashion", 1),
         ("learned-fashion", 1),
     ]
+    # a run left directly in out/PRESET (the layout before seed folders) is not ignored
+    old = tmp_path / "quadratic-fashion"
+    (old / "checkpoints").mkdir(parents=True)
+    (old / "checkpoints" / "last.pt").write_bytes(b"")
+    (old / "config.json").write_text(json.dumps({"seed": 7}))
+    trained.clear()
+    message = f"{old} holds a run, .* move it to {old / 'seed-7'} "
+    with pytest.raises(ValueError, match=message):
+        reproduce.run_experiment("fashion-mnist", tmp_path, presets)
+    assert trained == []
     with pytest.raises(ValueError, match="at least one seed"):
         reproduce.run_experiment("fashion-mnist", tmp_path, presets, seeds=[])
     with pytest.raises(ValueError, match=r"seeds must be integers in \[0, 2\*\*63\), got \[-1\]"):

@@ -134,6 +134,19 @@ def figures_folder(out: Path, preset: str, seed: int) -> Path:
     return out / "figures" / preset / f"seed-{seed}"
 
 
+def _refuse_unseeded_run(folder: Path) -> None:
+    """UserError if ``folder`` (``out/PRESET``) is itself a run folder, as ``attnconv reproduce``
+    laid them out before seeds had folders: it would be neither resumed nor analysed."""
+    if run_state(folder) == "new":
+        return
+    config = RunDir(folder).config
+    seed = json.loads(config.read_text()).get("seed", 0) if config.is_file() else "S"
+    raise UserError(
+        f"{folder} holds a run, where attnconv reproduce expects one folder per seed; move it "
+        f"to {folder / f'seed-{seed}'} (its seed) and run again"
+    )
+
+
 def run_state(run_dir: Path) -> str:
     """``"finished"`` (summary.json written), ``"interrupted"`` (a checkpoint to resume from) or
     ``"new"``."""
@@ -502,6 +515,8 @@ def run_experiment(
     if bad:
         raise UserError(f"seeds must be integers in [0, 2**63), got {bad}")
     out = Path(out)
+    for preset in presets:
+        _refuse_unseeded_run(out / preset)
     out.mkdir(parents=True, exist_ok=True)
     runs = [(preset, seed) for preset in presets for seed in seeds]
     for preset, seed in runs:
