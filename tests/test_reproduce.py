@@ -173,7 +173,7 @@ def test_results_row_figures_and_table_of_a_real_run(tmp_path, quick_run):
     assert png.name == "distance-by-depth.png" and pdf.stat().st_size > 0
     assert reproduce.write_distance_comparison([resnet_row], tmp_path / "none") == []
     references = reproduce.REFERENCES["fashion-mnist"]
-    files = reproduce.write_results([row, resnet_row], tmp_path, "a test machine", references)
+    files = reproduce.write_results([row, resnet_row], tmp_path, references)
     markdown = files[0].read_text().splitlines()
     assert markdown[0].startswith("| model | seeds | epochs | test acc. (%)")
     cells = [c.strip() for c in markdown[2].strip("|").split("|")]
@@ -183,7 +183,8 @@ def test_results_row_figures_and_table_of_a_real_run(tmp_path, quick_run):
     covered = [round(c * 9) for c in row["grid_coverage"]]
     assert cells[11] == " / ".join(f"{c}/9" for c in covered)
     assert [c.strip() for c in markdown[3].strip("|").split("|")][9:] == ["-"] * 4
-    assert markdown[-1] == "Trained on: a test machine"
+    assert row["machine"] == summary["machine"] and "AVX2" in row["machine"]
+    assert markdown[-1] == f"Trained on: {summary['machine']}"
     listed = [line for line in markdown if line.startswith("- ")]
     assert listed[0] == "- softmax (logistic) regression: 83–84% (the dataset's benchmark table)"
     assert len(listed) == len(references) and markdown.index(listed[0]) > 3
@@ -208,6 +209,7 @@ def test_a_table_over_seeds_gives_mean_and_spread_and_a_csv_row_per_run(tmp_path
             "train_time_s": 7000.0 + 200 * seed,
             "images_per_s": 190.0 + 10 * seed,
             "precision": "fp32",
+            "machine": ["machine A", "machine B"][seed],
             "grid_kernel": 3,
             "grid_score": scores,
             "grid_score_init": [0.1, 0.1],
@@ -228,7 +230,7 @@ def test_a_table_over_seeds_gives_mean_and_spread_and_a_csv_row_per_run(tmp_path
     assert model["grid_score"] == pytest.approx([0.48, 0.25])
     assert model["attention_distance"] == pytest.approx([1.5, 1.9])
     assert model["train_time_s"] == 7100.0 and model["images_per_s"] == 195.0
-    markdown, table = reproduce.write_results(rows, tmp_path, "a test machine")
+    markdown, table = reproduce.write_results(rows, tmp_path)
     lines = markdown.read_text().splitlines()
     assert len([line for line in lines if line.startswith("| `")]) == 1  # one row per model
     cells = [c.strip() for c in lines[2].strip("|").split("|")]
@@ -238,11 +240,21 @@ def test_a_table_over_seeds_gives_mean_and_spread_and_a_csv_row_per_run(tmp_path
     with table.open() as handle:
         runs = list(csv.DictReader(handle))
     assert [(r["seed"], r["test_acc"]) for r in runs] == [("0", "0.9207"), ("1", "0.9181")]
+    assert [r["machine"] for r in runs] == ["machine A", "machine B"]
+    assert lines[-5:] == [
+        "",
+        "Trained on:",
+        "",
+        "- machine A: `quadratic-fashion` (seed 0)",
+        "- machine B: `quadratic-fashion` (seed 1)",
+    ]
     # one seed: no spread shown
     (single,) = reproduce.model_summaries(rows[:1])
     assert single["test_acc_sd"] is None
-    markdown, _ = reproduce.write_results(rows[1:], tmp_path, "a test machine")
-    assert "| `quadratic-fashion` | 1 | 26 | 91.81 |" in markdown.read_text()
+    markdown, _ = reproduce.write_results(rows[1:], tmp_path)
+    text = markdown.read_text()
+    assert "| `quadratic-fashion` | 1 | 26 | 91.81 |" in text
+    assert text.endswith("\n\nTrained on: machine B\n")
 
 
 def test_the_experiment_trains_each_model_once_per_seed_into_its_own_folder(tmp_path, monkeypatch):

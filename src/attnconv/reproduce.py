@@ -103,6 +103,7 @@ RESULT_COLUMNS: tuple[str, ...] = (
     "train_time_s",
     "images_per_s",
     "precision",
+    "machine",
     "grid_kernel",
     "grid_score",
     "grid_score_init",
@@ -248,6 +249,7 @@ def analyse_run(run_dir: Path, figures: Path, data_dir: str | None) -> dict[str,
         "train_time_s": summary["train_time_s"],
         "images_per_s": summary["images_per_s"],
         "precision": summary.get("precision", config.get("precision")),
+        "machine": summary.get("machine"),  # runs finished before attnconv recorded it: None
         "grid_kernel": None,
         "grid_score": None,
         "grid_score_init": None,
@@ -355,12 +357,13 @@ def _accuracy(model: dict[str, Any]) -> str:
 
 
 def format_results(
-    rows: list[dict[str, Any]], machine: str, references: tuple[tuple[str, str, str], ...] = ()
+    rows: list[dict[str, Any]], references: tuple[tuple[str, str, str], ...] = ()
 ) -> str:
     """The results of the runs ``rows`` (``analyse_run``'s) as a Markdown table, one row per model
     (``model_summaries``: accuracy as mean ± standard deviation over the seeds, other numbers as
     means), then the ``references`` (model, accuracy, source) as a list of baselines trained
-    elsewhere, then a line naming the machine."""
+    elsewhere, then the machines that trained the runs (``machine``, as each run's summary
+    records it)."""
     from attnconv.viz.report import format_duration
 
     headers = [
@@ -399,19 +402,32 @@ def format_results(
     if references:
         lines += ["", "Reference points (test accuracy, not trained here):", ""]
         lines += [f"- {model}: {accuracy} ({source})" for model, accuracy, source in references]
-    return "\n".join(lines) + f"\n\nTrained on: {machine}\n"
+    return "\n".join([*lines, "", *_machines(rows)]) + "\n"
+
+
+def _machines(rows: list[dict[str, Any]]) -> list[str]:
+    """``Trained on: MACHINE`` when every run names the same one, else one line per machine with
+    its runs (``preset (seed S)``); a run finished before attnconv recorded it: ``not recorded``."""
+    runs: dict[str, list[str]] = {}
+    for row in rows:
+        machine = row["machine"] or "not recorded"
+        runs.setdefault(machine, []).append(f"`{row['preset']}` (seed {row['seed']})")
+    if len(runs) == 1:
+        return [f"Trained on: {next(iter(runs))}"]
+    return ["Trained on:", ""] + [
+        f"- {machine}: {', '.join(names)}" for machine, names in runs.items()
+    ]
 
 
 def write_results(
     rows: list[dict[str, Any]],
     out: Path,
-    machine: str,
     references: tuple[tuple[str, str, str], ...] = (),
 ) -> list[Path]:
     """``results.md`` (one row per model, the ``references`` below the table) and ``results.csv``
     (one row per run, per-layer values joined by spaces) in ``out``."""
     markdown = out / "results.md"
-    markdown.write_text(format_results(rows, machine, references))
+    markdown.write_text(format_results(rows, references))
     table = out / "results.csv"
     with table.open("w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=list(RESULT_COLUMNS))
@@ -505,8 +521,6 @@ def run_experiment(
     each model's first-seed run into (``""``: the package's own weights folder); ``None`` ships
     nothing.
     """
-    from attnconv.hardware import machine_description
-
     presets = selected_presets(experiment, presets)
     seeds = list(dict.fromkeys(seeds))  # each seed once, in the order given
     if not seeds:
@@ -526,7 +540,7 @@ def run_experiment(
         analyse_run(run_folder(out, preset, seed), figures_folder(out, preset, seed), data_dir)
         for preset, seed in runs
     ]
-    files = write_results(rows, out, machine_description("cpu"), REFERENCES.get(experiment, ()))
+    files = write_results(rows, out, REFERENCES.get(experiment, ()))
     first_seed = [row for row in rows if row["seed"] == seeds[0]]
     files += write_distance_comparison(first_seed, out / "figures")
     print((out / "results.md").read_text())
