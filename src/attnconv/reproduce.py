@@ -25,6 +25,7 @@ with its test accuracy measured again in float32.
 
 from __future__ import annotations
 
+import copy
 import csv
 import json
 import statistics
@@ -168,8 +169,7 @@ def run_settings(
         raise UserError(f"unknown recipe {recipe!r}; valid recipes: {', '.join(RECIPES)}")
     settings: dict[str, Any] = {"precision": "auto"}
     if recipe == "shipped":
-        shipped = SHIPPED_RECIPES[experiment][preset]
-        settings.update({k: dict(v) if isinstance(v, dict) else v for k, v in shipped.items()})
+        settings.update(copy.deepcopy(SHIPPED_RECIPES[experiment][preset]))
     if precision is not None:
         settings["precision"] = precision
     return {**settings, "seed": seed, "checkpoint_every": 1}
