@@ -53,31 +53,25 @@ def test_finished_runs_are_skipped_and_interrupted_ones_resumed(tmp_path, monkey
     calls = []
     monkeypatch.setattr("attnconv.train.loop.train", lambda *a, **k: calls.append((a, k)))
     settings = {"precision": "fp32", "seed": 3, "checkpoint_every": 1}
+    config = resolve_config("quick", "digits", **settings)
     assert reproduce.run_state(quick_run) == "finished"
-    reproduce.train_run("quick", "digits", quick_run, settings, None)
+    reproduce.train_run(quick_run, config)
     assert calls == []
 
     interrupted = tmp_path / "interrupted"
     (interrupted / "checkpoints").mkdir(parents=True)
     (interrupted / "checkpoints" / "last.pt").write_bytes(b"")
     assert reproduce.run_state(interrupted) == "interrupted"
-    reproduce.train_run("quick", "digits", interrupted, settings, None)
+    reproduce.train_run(interrupted, config)
     ((args, kwargs),) = calls
     assert args == (None, interrupted)  # the config saved in last.pt, the one source of truth
     assert kwargs == {"resume": True, "epoch_figure": attention_figure}
 
     calls.clear()
     assert reproduce.run_state(tmp_path / "new") == "new"
-    reproduce.train_run("quick", "digits", tmp_path / "new", settings, None)
+    reproduce.train_run(tmp_path / "new", config)
     ((args, kwargs),) = calls
-    config = args[0]
-    assert (config.preset, config.dataset, config.precision, config.checkpoint_every) == (
-        "quick",
-        "digits",
-        "fp32",
-        1,
-    )
-    assert config.seed == 3
+    assert args == (config, tmp_path / "new")
 
 
 def test_run_settings_follow_the_recipe_seed_and_precision():
@@ -262,9 +256,7 @@ def test_the_experiment_trains_each_model_once_per_seed_into_its_own_folder(tmp_
     monkeypatch.setattr(
         reproduce,
         "train_run",
-        lambda preset, _, folder, settings, __: trained.append(
-            (preset, folder, settings["seed"], settings["epochs"])
-        ),
+        lambda folder, config: trained.append((config.preset, folder, config.seed, config.epochs)),
     )
 
     def analyse(folder, figures, _):
@@ -307,8 +299,13 @@ def test_the_experiment_trains_each_model_once_per_seed_into_its_own_folder(tmp_
     assert trained == []
     with pytest.raises(ValueError, match="at least one seed"):
         reproduce.run_experiment("fashion-mnist", tmp_path, presets, seeds=[])
-    with pytest.raises(ValueError, match=r"seeds must be integers in \[0, 2\*\*63\), got \[-1\]"):
+    old.rename(old.parent / "moved")
+    # a bad seed or setting fails before the first run trains, not hours later
+    with pytest.raises(ValueError, match=r"seed must be an integer in \[0, 2\*\*63\), got -1"):
         reproduce.run_experiment("fashion-mnist", tmp_path, presets, seeds=[0, -1])
+    with pytest.raises(ValueError, match="unknown precision"):
+        reproduce.run_experiment("fashion-mnist", tmp_path, presets, precision="fp64")
+    assert trained == []
 
 
 def test_shipped_weights_record_the_command_that_trained_them(tmp_path, quick_run):

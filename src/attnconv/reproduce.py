@@ -39,6 +39,7 @@ from attnconv.runs import RunDir
 
 if TYPE_CHECKING:
     from attnconv.data import DataSplits
+    from attnconv.train.config import TrainConfig
     from attnconv.viz.maps import AttentionMaps
 
 EXPERIMENTS: dict[str, tuple[str, ...]] = {
@@ -175,28 +176,20 @@ def run_settings(
     return {**settings, "seed": seed, "checkpoint_every": 1}
 
 
-def train_run(
-    preset: str,
-    experiment: str,
-    run_dir: Path,
-    settings: dict[str, Any],
-    data_dir: str | None,
-) -> None:
-    """Train ``preset`` with ``settings`` (``run_settings``') into ``run_dir``, resume it, or
-    leave it if finished."""
-    from attnconv.train.config import resolve_config
+def train_run(run_dir: Path, config: TrainConfig) -> None:
+    """Train a new run of ``config`` into ``run_dir``, resume it from its checkpoint (whose saved
+    config, not ``config``, it follows), or leave it if finished."""
     from attnconv.train.loop import train
     from attnconv.viz.figures import attention_figure
 
     state = run_state(run_dir)
     if state == "finished":
-        print(f"{preset}: finished run in {run_dir}, skipped")
+        print(f"{config.preset}: finished run in {run_dir}, skipped")
         return
     if state == "interrupted":
-        print(f"{preset}: resuming {run_dir}")
+        print(f"{config.preset}: resuming {run_dir}")
         train(None, run_dir, resume=True, epoch_figure=attention_figure)
         return
-    config = resolve_config(preset, experiment, data_dir=data_dir, **settings)
     train(config, run_dir, epoch_figure=attention_figure)
 
 
@@ -521,21 +514,29 @@ def run_experiment(
     each model's first-seed run into (``""``: the package's own weights folder); ``None`` ships
     nothing.
     """
+    from attnconv.train.config import resolve_config
+
     presets = selected_presets(experiment, presets)
     seeds = list(dict.fromkeys(seeds))  # each seed once, in the order given
     if not seeds:
         raise UserError("reproduce needs at least one seed")
-    bad = [seed for seed in seeds if not 0 <= seed < 2**63]
-    if bad:
-        raise UserError(f"seeds must be integers in [0, 2**63), got {bad}")
     out = Path(out)
     for preset in presets:
         _refuse_unseeded_run(out / preset)
-    out.mkdir(parents=True, exist_ok=True)
     runs = [(preset, seed) for preset in presets for seed in seeds]
-    for preset, seed in runs:
-        settings = run_settings(experiment, preset, recipe, seed, precision)
-        train_run(preset, experiment, run_folder(out, preset, seed), settings, data_dir)
+    # every run's config is resolved, so checked, before the first one trains for hours
+    configs = [
+        resolve_config(
+            preset,
+            experiment,
+            data_dir=data_dir,
+            **run_settings(experiment, preset, recipe, seed, precision),
+        )
+        for preset, seed in runs
+    ]
+    out.mkdir(parents=True, exist_ok=True)
+    for (preset, seed), config in zip(runs, configs, strict=True):
+        train_run(run_folder(out, preset, seed), config)
     rows = [
         analyse_run(run_folder(out, preset, seed), figures_folder(out, preset, seed), data_dir)
         for preset, seed in runs
