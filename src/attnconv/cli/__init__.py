@@ -57,6 +57,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "attnconv.cli.eval",
         "accuracy and cross-entropy of a checkpoint on its dataset's test (or validation) split",
     ),
+    "robustness": (
+        "attnconv.cli.robustness",
+        "Fashion-MNIST accuracy of models under shifts, noise, blur, low contrast and occlusion",
+    ),
     "reproduce": (
         "attnconv.cli.reproduce",
         "the paper's experiment on a dataset: train every model, Table 1, grid scores, figures",

@@ -1,0 +1,213 @@
+"""A corrupted Fashion-MNIST test set, the same bytes on every machine: robustness benchmarks.
+
+Each corruption is computed from the clean uint8 test images (10000, 28×28) by integer arithmetic
+or exactly rounded float64 operations, with its random draws from numpy's ``PCG64`` seeded with
+``[SEED, *name.encode()]`` (one stream per corruption, so no corruption's bytes depend on another),
+and only integer and standard-normal draws, whose streams numpy has kept unchanged since 1.17.
+``CORRUPTION_SHA256`` records the SHA-256 of each result (the ``(10000, 28, 28)`` uint8 array, C
+order); ``corrupted_test_set`` and the tests check it.
+
+| name         | what (grey levels: 0..255; 1 pixel = 1/28 of the image side)                      |
+|--------------|-----------------------------------------------------------------------------------|
+| `clean`      | the test set as published                                                         |
+| `shift-4`    | moved 4 pixels in one of the 8 compass directions (drawn per image), zero-filled  |
+| `shift-8`    | the same, 8 pixels (a diagonal move is 8 down or up and 8 sideways)               |
+| `noise-low`  | plus Gaussian noise of std 0.04 on the [0, 1] scale (10.2 grey levels), rounded   |
+| `noise-high` | the same, std 0.08 (20.4 grey levels)                                             |
+| `blur`       | Gaussian blur of std 1 pixel: integer kernel ``BLUR_KERNEL``, zero outside        |
+| `contrast`   | each pixel brought to 40% of its distance from the image's mean, rounded          |
+| `occlusion`  | a 10×10 square set to 0 (erased) at a position drawn per image, inside the image  |
+
+Noise is clipped to [0, 255] and rounded half to even (``np.rint``); the other roundings are half
+up, in integers. The ``apply_*`` functions work on any uint8 array ``(N, H, W)``;
+``corruption_draws`` gives the random parameters ``corrupt`` uses, so that a test can check what was
+done to each image.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from attnconv.data.datasets import default_data_dir
+from attnconv.data.fashion_mnist import load_fashion_mnist
+from attnconv.data.splits import ImageSet
+from attnconv.errors import UserError
+
+SEED = 2021
+CORRUPTIONS: tuple[str, ...] = (
+    "clean",
+    "shift-4",
+    "shift-8",
+    "noise-low",
+    "noise-high",
+    "blur",
+    "contrast",
+    "occlusion",
+)
+SHIFT_PIXELS: dict[str, int] = {"shift-4": 4, "shift-8": 8}
+# std of the added noise on the [0, 1] scale
+NOISE_STD: dict[str, float] = {"noise-low": 0.04, "noise-high": 0.08}
+# (dy, dx) of a move, rows down and columns right: N, NE, E, SE, S, SW, W, NW
+DIRECTIONS = np.array(
+    [(-1, 0), (-1, 1), (0, 1), (1, 1), (1, 0), (1, -1), (0, -1), (-1, -1)], dtype=np.int64
+)
+# 4096·exp(-x²/2)/Σ for x = -3..3 (18.16, 221.21, 991.38, 1634.51, ...) rounded to the nearest
+# integer, but 992 for 991.38 so that they sum to 4096; applied vertically, then horizontally, so
+# that the 2-D kernel sums to 2^24
+BLUR_KERNEL: tuple[int, ...] = (18, 221, 992, 1634, 992, 221, 18)
+CONTRAST: tuple[int, int] = (2, 5)  # the fraction of its distance to the mean a pixel keeps
+OCCLUSION_SIZE = 10  # pixels, the side of the erased square
+
+# SHA-256 of each corruption of the 10000 test images (``array_sha256``), as made with SEED
+CORRUPTION_SHA256: dict[str, str] = {
+    "clean": "c867c93ff95360594e8ec3287995350b824dd110b11595c0e13d5423f621867a",
+    "shift-4": "88506ca700eae87366e1dae1d540ee914f3b304a91d878bd728c8b844605d46b",
+    "shift-8": "25da57a32fb41c4e659c525f60f31c24c0e45e29bda9d15147cb4989d77d07a0",
+    "noise-low": "cd8627c3c4162c78fbf7e9e018d254c3aa5e359b56cf0d8eb59f2af09ccce7b5",
+    "noise-high": "9bc218f15087b1574b099c00cae3cb945354aea7533c1b7b84f9091993c34df6",
+    "blur": "4c59d9cfbf7fe908cd1a409539d03a8d0d034adb85a1cb790c76c2329caf8a92",
+    "contrast": "a5311e4fd8f9a50922327ad1c14cd7de7adf662a9600fa944160a1bcf03186e9",
+    "occlusion": "7846d38e2d4b2944c2a0114321357ca0bd4678a340d7334709b6fa5aa66284d1",
+}
+
+
+def _check_images(images: np.ndarray) -> None:
+    if not isinstance(images, np.ndarray) or images.dtype != np.uint8 or images.ndim != 3:
+        kind = (
+            f"{images.dtype} array of shape {images.shape}"
+            if isinstance(images, np.ndarray)
+            else type(images).__name__
+        )
+        raise UserError(f"images must be a uint8 array (N, H, W), got {kind}")
+
+
+def _check_name(name: str) -> None:
+    if name not in CORRUPTIONS:
+        raise UserError(f"unknown corruption {name!r}; expected one of {', '.join(CORRUPTIONS)}")
+
+
+def apply_shift(images: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """``images`` uint8 ``(N, H, W)`` each moved by ``offsets[i] = (dy, dx)`` (int, ``(N, 2)``,
+    pixels; positive: down, right), the uncovered pixels 0:
+    ``out[i, r, c] = images[i, r - dy, c - dx]`` where that lies inside the image."""
+    n, h, w = images.shape
+    pad = int(np.abs(offsets).max(initial=0))
+    padded = np.pad(images, ((0, 0), (pad, pad), (pad, pad)))
+    rows = (pad - offsets[:, 0])[:, None, None] + np.arange(h)[None, :, None]
+    cols = (pad - offsets[:, 1])[:, None, None] + np.arange(w)[None, None, :]
+    return padded[np.arange(n)[:, None, None], rows, cols]
+
+
+def apply_noise(images: np.ndarray, noise: np.ndarray, std: float) -> np.ndarray:
+    """``images`` uint8 ``(N, H, W)`` plus ``std`` (on the [0, 1] scale) times ``noise`` (float64,
+    same shape, standard normal), in grey levels: ``rint(clip(x + 255·std·z, 0, 255))``."""
+    noisy = images + (255.0 * std) * noise
+    return np.rint(np.clip(noisy, 0.0, 255.0)).astype(np.uint8)
+
+
+def apply_blur(images: np.ndarray) -> np.ndarray:
+    """``images`` uint8 ``(N, H, W)`` convolved with ``BLUR_KERNEL`` vertically and horizontally
+    (zeros outside the image), in int64, then divided by 2^24 rounding half up."""
+    kernel = np.array(BLUR_KERNEL, dtype=np.int64)
+    radius = len(kernel) // 2
+    _, h, w = images.shape
+    padded = np.pad(images.astype(np.int64), ((0, 0), (radius, radius), (radius, radius)))
+    down = sum(weight * padded[:, j : j + h, :] for j, weight in enumerate(kernel))
+    both = sum(weight * down[:, :, j : j + w] for j, weight in enumerate(kernel))
+    return ((both + (1 << 23)) >> 24).astype(np.uint8)
+
+
+def apply_contrast(images: np.ndarray) -> np.ndarray:
+    """``images`` uint8 ``(N, H, W)`` with each pixel ``x`` replaced by ``m + (a/b)·(x − m)``,
+    ``a/b = CONTRAST`` (2/5), ``m`` its image's mean, rounded half up. In integers, exactly: with
+    ``S`` the image's sum over ``P = H·W`` pixels, ``floor((2(b − a)S + 2aP·x + bP) / 2bP)``."""
+    kept, whole = CONTRAST
+    _, h, w = images.shape
+    pixels = h * w
+    values = images.astype(np.int64)
+    sums = values.sum(axis=(1, 2), keepdims=True)
+    numerator = 2 * (whole - kept) * sums + 2 * kept * pixels * values + whole * pixels
+    return (numerator // (2 * whole * pixels)).astype(np.uint8)
+
+
+def apply_occlusion(images: np.ndarray, corners: np.ndarray) -> np.ndarray:
+    """``images`` uint8 ``(N, H, W)`` with the ``OCCLUSION_SIZE``-pixel square whose top-left
+    pixel is ``corners[i] = (row, col)`` (int, ``(N, 2)``) set to 0."""
+    _, h, w = images.shape
+    top, left = corners[:, 0, None], corners[:, 1, None]
+    rows = (np.arange(h) >= top) & (np.arange(h) < top + OCCLUSION_SIZE)
+    cols = (np.arange(w) >= left) & (np.arange(w) < left + OCCLUSION_SIZE)
+    return np.where(rows[:, :, None] & cols[:, None, :], np.uint8(0), images)
+
+
+def corruption_draws(
+    name: str, shape: tuple[int, int, int], seed: int = SEED
+) -> dict[str, np.ndarray]:
+    """The random parameters of corruption ``name`` for images of ``shape`` ``(N, H, W)``:
+    ``{"offsets": (N, 2) int64}`` (shifts, pixels), ``{"noise": (N, H, W) float64}`` (standard
+    normal), ``{"corners": (N, 2) int64}`` (occlusion, top-left pixel); ``{}`` for the others."""
+    _check_name(name)
+    n, h, w = shape
+    rng = np.random.Generator(np.random.PCG64([seed, *name.encode()]))
+    if name in SHIFT_PIXELS:
+        return {
+            "offsets": DIRECTIONS[rng.integers(0, len(DIRECTIONS), size=n)] * SHIFT_PIXELS[name]
+        }
+    if name in NOISE_STD:
+        return {"noise": rng.standard_normal((n, h, w))}
+    if name == "occlusion":
+        if h < OCCLUSION_SIZE or w < OCCLUSION_SIZE:
+            raise UserError(
+                f"occlusion needs images of at least {OCCLUSION_SIZE}×{OCCLUSION_SIZE} pixels, "
+                f"got {h}×{w}"
+            )
+        high = np.array([h - OCCLUSION_SIZE + 1, w - OCCLUSION_SIZE + 1])
+        return {"corners": rng.integers(0, high, size=(n, 2))}
+    return {}
+
+
+def corrupt(images: np.ndarray, name: str, seed: int = SEED) -> np.ndarray:
+    """Corruption ``name`` (one of ``CORRUPTIONS``) of ``images`` uint8 ``(N, H, W)``, drawn from
+    ``seed``: a new uint8 array ``(N, H, W)``. The draws for image ``i`` depend on ``N``, ``H``,
+    ``W`` and ``i`` only, so corrupting a prefix of a set gives a prefix of its corruption."""
+    _check_images(images)
+    draws = corruption_draws(name, images.shape, seed)
+    if name in SHIFT_PIXELS:
+        return apply_shift(images, draws["offsets"])
+    if name in NOISE_STD:
+        return apply_noise(images, draws["noise"], NOISE_STD[name])
+    if name == "blur":
+        return apply_blur(images)
+    if name == "contrast":
+        return apply_contrast(images)
+    if name == "occlusion":
+        return apply_occlusion(images, draws["corners"])
+    return images.copy()
+
+
+def array_sha256(images: np.ndarray) -> str:
+    """Hex SHA-256 of a uint8 array's bytes in C order (what ``CORRUPTION_SHA256`` records)."""
+    return hashlib.sha256(np.ascontiguousarray(images).tobytes()).hexdigest()
+
+
+def corrupted_test_set(
+    name: str, data_dir: str | Path | None = None, download: bool = True
+) -> ImageSet:
+    """The Fashion-MNIST test set under corruption ``name``: images uint8 ``(10000, 1, 28, 28)``
+    and their labels int64 ``(10000,)``, read as ``load_splits`` reads them (``data_dir``,
+    ``download``) and checked against ``CORRUPTION_SHA256``. UserError if the bytes differ."""
+    _check_name(name)
+    folder = default_data_dir() if data_dir is None else Path(data_dir)
+    _, test, _ = load_fashion_mnist(folder, download)
+    images = corrupt(test.images[:, 0].numpy(), name)
+    if array_sha256(images) != CORRUPTION_SHA256[name]:
+        raise UserError(
+            f"the {name!r} Fashion-MNIST test images differ from the recorded ones (SHA-256 "
+            f"{array_sha256(images)[:16]}..., expected {CORRUPTION_SHA256[name][:16]}...): "
+            f"a different test set, or numpy changed its random streams"
+        )
+    return ImageSet(torch.from_numpy(images).unsqueeze(1), test.labels)
