@@ -21,6 +21,7 @@ _EXPORTS = {
     "conv_to_attention": "attnconv.convert",
     "convert_model": "attnconv.convert",
     "create_model": "attnconv.models",
+    "transform": "attnconv.convert",
 }
 __all__ = sorted(_EXPORTS)
 

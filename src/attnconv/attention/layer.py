@@ -122,10 +122,11 @@ class MultiHeadSelfAttention2d(nn.Module):
             (``content=True``), its later variant ``q·r/√d + q·k/√d`` (``content=True,
             content_positional=True, position_term=False``), all three terms (``content=True,
             content_positional=True``).
-        positional_init: initialisation of a learned score, ``"original"`` (the paper's code:
-            tables ``N(0, 1)``, head keys ``U(±1/√fan_in)``) or ``"bert"`` (tables
+        positional_init: initialisation of the positional score, ``"original"`` (the paper's
+            code: learned tables ``N(0, 1)``, head keys ``U(±1/√fan_in)``) or ``"bert"`` (tables
             ``N(0, 0.02²)``); see ``attention/positional.py``. Gaussian scores start as the paper
-            says under both.
+            says under both, or with ``"grid"`` on the taps of a ``K×K`` kernel (``K² = heads``,
+            inverse std ``GRID_SPREAD``), Theorem 1's construction as a start.
         dropout: attention dropout probability on the probabilities (see module docstring).
         out_dim: channels of the output pixels; defaults to ``dim``.
         max_size: largest image side the learned embeddings cover (offsets ``±(max_size−1)``).

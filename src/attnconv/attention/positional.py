@@ -34,16 +34,42 @@ def _axis_offsets(n: int, like: Tensor) -> Tensor:
     return torch.arange(-(n - 1), n, device=like.device, dtype=like.dtype)
 
 
-POSITIONAL_INITS: tuple[str, ...] = ("original", "bert")
-"""Initialisations of the learned score (docs/theory.md §4, "Initialisation"): ``"original"`` as
-the paper's code ran it (tables ``N(0, 1)``, each axis's head keys ``U(±1/√d_axis)``), ``"bert"``
-BERT's small tables (``N(0, 0.02²)``, head vectors ``N(0, 1/head_dim)``). Gaussian scores have one
-initialisation, the same under both names."""
+POSITIONAL_INITS: tuple[str, ...] = ("original", "bert", "grid")
+"""Initialisations of the positional scores (docs/theory.md §4, "Initialisation"). Learned score:
+``"original"`` as the paper's code ran it (tables ``N(0, 1)``, each axis's head keys
+``U(±1/√d_axis)``), ``"bert"`` BERT's small tables (``N(0, 0.02²)``, head vectors
+``N(0, 1/head_dim)``). Gaussian scores: the paper's random start under ``"original"`` and
+``"bert"`` alike, or ``"grid"``, Theorem 1's construction as a start (:func:`grid_centers`: the
+``K²`` heads on the taps of a ``K×K`` kernel, spread :data:`GRID_SPREAD`)."""
+
+GRID_SPREAD = 2.0
+"""Inverse standard deviation (1/pixels) of every head under ``init="grid"``: a head puts
+``e^{-2} ≈ 13.5%`` of its centre tap's weight on each neighbouring tap, so it starts local but
+not saturated (at ``s = 4`` the softmax's gradients are ``e^{-8}`` smaller and the geometry hardly
+moves; ConViT's local start, ``−‖δ − Δ‖²``, is ``s = √2``)."""
 
 
-def _check_init(init: str) -> None:
-    if init not in POSITIONAL_INITS:
-        raise ValueError(f"positional init must be one of {POSITIONAL_INITS}, got {init!r}")
+def grid_centers(heads: int) -> Tensor:
+    """``(heads, 2)`` offsets (row, col) in pixels of the ``K×K`` kernel taps, ``K² = heads``:
+    head ``h = i·K + j`` sits on ``(i − ⌊K/2⌋, j − ⌊K/2⌋)``, as in Theorem 1's construction for a
+    convolution with "same" padding (docs/theory.md §2). ValueError unless ``heads`` is a square."""
+    size = math.isqrt(heads)
+    if size * size != heads:
+        raise ValueError(
+            f'positional init "grid" puts the heads on the taps of a K×K kernel and needs a '
+            f"square number of heads (9, 16, 25, ...), got {heads}"
+        )
+    taps = torch.arange(size) - size // 2
+    return torch.cartesian_prod(taps, taps).to(torch.get_default_dtype())
+
+
+def _check_init(init: str, allowed: tuple[str, ...] = POSITIONAL_INITS) -> None:
+    if init not in allowed:
+        raise ValueError(f"positional init must be one of {allowed}, got {init!r}")
+
+
+_RANDOM_INITS: tuple[str, ...] = ("original", "bert")
+"""The initialisations of scores without centres (``"grid"`` places centres)."""
 
 
 def _refuse_without_term(score: type[PositionalScore], position_term: bool) -> None:
@@ -98,7 +124,7 @@ class PositionalScore(nn.Module):
     ) -> PositionalScore:
         """The score for a layer built with these arguments (each score takes what it needs;
         ``init`` is one of :data:`POSITIONAL_INITS`)."""
-        _check_init(init)
+        _check_init(init, POSITIONAL_INITS if cls.has_centers else _RANDOM_INITS)
         _refuse_hard(cls, hard)
         _refuse_without_term(cls, position_term)
         return cls(heads)
@@ -170,11 +196,18 @@ class _CenteredScore(PositionalScore):
 
     has_centers = True
 
-    def __init__(self, heads: int, spread_shape: tuple[int, ...]) -> None:
+    def __init__(self, heads: int, spread_shape: tuple[int, ...], init: str = "original") -> None:
         super().__init__(heads)
+        _check_init(init)
+        if init == "grid":
+            grid_centers(heads)  # ValueError for a head count that is not a square
+        self.init = init
         self.centers = nn.Parameter(torch.empty(heads, 2))
         self.spread = nn.Parameter(torch.empty(heads, *spread_shape))
         self.reset_parameters()
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + (', init="grid"' if self.init == "grid" else "")
 
     def _spread_identity(self) -> Tensor:
         """The noise-free initial ``spread`` of one head."""
@@ -187,10 +220,16 @@ class _CenteredScore(PositionalScore):
     @torch.no_grad()
     def reset_parameters(self) -> None:
         """Paper initialisation (docs/theory.md §1): ``Δ ~ N(0, 2²)``, spread = identity plus
-        ``N(0, 0.01²)`` noise."""
+        ``N(0, 0.01²)`` noise; with ``init="grid"`` the heads on the taps of a ``K×K`` kernel
+        (:func:`grid_centers`) with spread ``GRID_SPREAD`` times the identity, no noise. The grid
+        start draws (and discards) the paper's random numbers too, so that under one seed every
+        other weight of a model starts the same under both: the two starts differ only here."""
         self.centers.normal_(0.0, 2.0)
         self.spread.normal_(0.0, 0.01)
         self.spread.add_(self._spread_identity())
+        if self.init == "grid":
+            self.centers.copy_(grid_centers(self.heads))
+            self.spread.copy_(GRID_SPREAD * self._spread_identity())
 
     @torch.no_grad()
     def select_heads(self, index: Tensor) -> None:
@@ -230,8 +269,8 @@ class GaussianScore(_CenteredScore):
 
     name = "gaussian"
 
-    def __init__(self, heads: int, hard: bool = False) -> None:
-        super().__init__(heads, ())
+    def __init__(self, heads: int, hard: bool = False, init: str = "original") -> None:
+        super().__init__(heads, (), init)
         self.hard = hard
 
     @classmethod
@@ -244,9 +283,8 @@ class GaussianScore(_CenteredScore):
         init: str = "original",
         position_term: bool = True,
     ) -> GaussianScore:
-        _check_init(init)
         _refuse_without_term(cls, position_term)
-        return cls(heads, hard=hard)
+        return cls(heads, hard=hard, init=init)
 
     def extra_repr(self) -> str:
         return super().extra_repr() + (", hard=True" if self.hard else "")
@@ -292,8 +330,22 @@ class GaussianFullScore(_CenteredScore):
     name = "gaussian_full"
     separable = False
 
-    def __init__(self, heads: int) -> None:
-        super().__init__(heads, (2, 2))
+    def __init__(self, heads: int, init: str = "original") -> None:
+        super().__init__(heads, (2, 2), init)
+
+    @classmethod
+    def for_layer(
+        cls,
+        heads: int,
+        head_dim: int,
+        max_size: int,
+        hard: bool = False,
+        init: str = "original",
+        position_term: bool = True,
+    ) -> GaussianFullScore:
+        _refuse_hard(cls, hard)
+        _refuse_without_term(cls, position_term)
+        return cls(heads, init=init)
 
     def _spread_identity(self) -> Tensor:
         return torch.eye(2, dtype=self.spread.dtype, device=self.spread.device)
@@ -345,7 +397,7 @@ class LearnedScore(PositionalScore):
     ) -> None:
         if head_dim < 2:
             raise ValueError(f"positional='learned' needs head_dim >= 2, got {head_dim}")
-        _check_init(init)
+        _check_init(init, _RANDOM_INITS)
         super().__init__(heads)
         self.head_dim, self.max_size, self.init = head_dim, max_size, init
         d_row = head_dim // 2

@@ -7,6 +7,9 @@
   :func:`conversion_summary` lists what was replaced, :func:`layers_left` what was left and why.
 * :func:`attention_to_conv` reads the effective convolution kernel out of a position-only layer;
   :func:`border_mass` says where the layer differs from it.
+* :func:`transform` (and :func:`transform_checkpoint`) recasts a network's convolutions as
+  attention that keeps learning (T-CNN): Gaussian heads on the taps with a finite, trainable
+  spread and gated content attention; :func:`choose_spread` picks the spread.
 """
 
 from attnconv.convert.inverse import (
@@ -36,9 +39,19 @@ from attnconv.convert.theorem import (
     Standardize,
     conv_to_attention,
 )
+from attnconv.convert.transform import (
+    LATE,
+    SPREAD_CANDIDATES,
+    choose_spread,
+    select_layers,
+    transform,
+    transform_checkpoint,
+)
 
 __all__ = [
+    "LATE",
     "PROBE_TOLERANCE",
+    "SPREAD_CANDIDATES",
     "SUPPORTED_PADDING_MODES",
     "AttentionConv",
     "ConversionError",
@@ -48,6 +61,7 @@ __all__ = [
     "Standardize",
     "attention_to_conv",
     "border_mass",
+    "choose_spread",
     "conv_to_attention",
     "conversion_summary",
     "convert_model",
@@ -58,5 +72,8 @@ __all__ = [
     "layers_left",
     "offset_probabilities",
     "probe_error",
+    "select_layers",
     "standardized_weight",
+    "transform",
+    "transform_checkpoint",
 ]

@@ -19,9 +19,7 @@ from torch import nn
 
 from attnconv.data.statistics import DIGITS_MEAN, DIGITS_STD, FASHION_MNIST_MEAN, FASHION_MNIST_STD
 from attnconv.errors import UserError, warn_deprecated
-from attnconv.models.resnet import ResNet
-from attnconv.models.transformer import ImageTransformer
-from attnconv.models.vit import VisionTransformer
+from attnconv.models.transformed import BASES, TransformedNetwork
 
 SCHEDULES = ("cosine", "step")
 
@@ -69,11 +67,7 @@ def Recipe(**fields: Any) -> dict[str, Any]:
     return dict(fields)
 
 
-MODELS: dict[str, type[nn.Module]] = {
-    "image_transformer": ImageTransformer,
-    "resnet18": ResNet,
-    "vision_transformer": VisionTransformer,
-}
+MODELS: dict[str, type[nn.Module]] = {**BASES, "transformed": TransformedNetwork}
 
 _GENERALIZED = {"positional": "gaussian_full"}
 

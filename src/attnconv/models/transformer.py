@@ -42,9 +42,12 @@ Linear layers at ``N(0, 1/fan_in)`` and the tables and head keys as the paper's 
 
 Gaussian centres and spreads start as the paper says under all three; LayerNorms at scale 1,
 shift 0."""
-POSITIONAL_INITS: tuple[str, ...] = ("original", "bert")
-"""How the learned tables and head keys start: ``"original"`` (``N(0, 1)`` tables, keys
-``U(±1/√fan_in)``) or ``"bert"`` (``N(0, 0.02²)``); see :class:`attnconv.MultiHeadSelfAttention2d`."""
+POSITIONAL_INITS: tuple[str, ...] = ("original", "bert", "grid")
+"""How the positional scores start: the learned tables and head keys ``"original"`` (``N(0, 1)``
+tables, keys ``U(±1/√fan_in)``) or ``"bert"`` (``N(0, 0.02²)``); the Gaussian heads at the paper's
+random centres under both, or ``"grid"``: on the taps of a ``K×K`` kernel, ``K² = heads``, as
+Theorem 1 builds a convolution (``attnconv.attention.positional.grid_centers``); see
+:class:`attnconv.MultiHeadSelfAttention2d`."""
 _POSITIONAL_INIT = {"original": "original", "bert": "bert", "fan_in": "bert"}
 
 
@@ -134,9 +137,11 @@ class ImageTransformer(nn.Module):
         weight_init: how the weights start, one of :data:`WEIGHT_INITS`: ``"original"`` (the
             paper's code: PyTorch's defaults, learned tables ``N(0, 1)``), ``"bert"``
             (``N(0, 0.02²)``) or ``"fan_in"`` (``N(0, 1/fan_in)``).
-        positional_init: how the learned tables and head keys start, one of
-            :data:`POSITIONAL_INITS`; ``None`` (default) follows ``weight_init`` (``"original"``
-            for ``"original"``, ``"bert"`` for the other two). Only the learned encoding has them.
+        positional_init: how the positional scores start, one of :data:`POSITIONAL_INITS`;
+            ``None`` (default) follows ``weight_init`` (``"original"`` for ``"original"``,
+            ``"bert"`` for the other two), which only the learned encoding's tables and keys
+            depend on. ``"grid"`` (Gaussian encodings only) starts every layer's heads on the
+            taps of a ``K×K`` kernel (``K² = heads``), Theorem 1's construction as a start.
     """
 
     def __init__(
@@ -183,6 +188,11 @@ class ImageTransformer(nn.Module):
             )
         if positional not in POSITIONAL:
             raise ValueError(f"positional must be one of {POSITIONAL}, got {positional!r}")
+        if positional_init == "grid" and positional not in ("gaussian", "gaussian_full"):
+            raise ValueError(
+                f'positional_init="grid" places Gaussian heads on kernel taps; it needs '
+                f"positional='gaussian' or 'gaussian_full', got {positional!r}"
+            )
         heads_per_layer = [heads] * depth if isinstance(heads, int) else list(heads)
         if len(heads_per_layer) != depth or not all(
             isinstance(h, int) and h >= 1 for h in heads_per_layer

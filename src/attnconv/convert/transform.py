@@ -1,0 +1,204 @@
+"""Transform, don't just convert: a network's convolutions recast as attention that keeps learning.
+
+:func:`transform` replaces chosen ``nn.Conv2d`` layers of a network by
+:class:`~attnconv.attention.transformed.TransformedConv2d` layers built by Theorem 1's
+construction with a finite spread (docs/transform.md): each kernel tap becomes a Gaussian head
+on that tap whose centre and spread train, and a content attention joins behind per-head gates
+that start shut, so the transformed network starts as the original blurred by the spread.
+:func:`transform_checkpoint` does it to a network attnconv can rebuild (a checkpoint or shipped
+model), giving a checkpoint of architecture ``"transformed"`` (``attnconv.models.transformed``),
+which every command loads. :func:`choose_spread` finds the smallest spread that keeps an
+accuracy. The exact, frozen conversion for deployment and verification stays
+:func:`~attnconv.convert.convert_model`.
+"""
+
+from __future__ import annotations
+
+import copy
+import fnmatch
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from attnconv.attention.transformed import TransformedConv2d
+from attnconv.convert.model import ConversionError, _reason_left
+from attnconv.models.transformed import TransformedNetwork, _submodule_parent
+
+LATE = "late"
+"""The default selection: every ``nn.Conv2d`` with a kernel larger than 1×1 whose output grid is
+one of the network's two smallest (the late stages, which T-CNN recast: their grids are small,
+so attention over them is cheap, and they hold the most channels)."""
+
+SPREAD_CANDIDATES: tuple[float, ...] = (1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0, 6.0, 8.0)
+"""Spreads :func:`choose_spread` tries, smallest (most blurred, fastest to move) first."""
+
+
+def _example_input(model: nn.Module, example: torch.Tensor | None) -> torch.Tensor:
+    if example is not None:
+        return example
+    size, channels = getattr(model, "image_size", None), getattr(model, "in_channels", None)
+    if size is None or channels is None:
+        raise ValueError(
+            f"layers={LATE!r} finds the late convolutions by running the network once: give an "
+            f"example input (example=...), or name the layers"
+        )
+    parameter = next(model.parameters())
+    return torch.zeros(1, channels, *size, device=parameter.device, dtype=parameter.dtype)
+
+
+def _output_sizes(model: nn.Module, example: torch.Tensor) -> dict[str, tuple[int, int]]:
+    """Output grid ``(H, W)`` of every ``nn.Conv2d`` of ``model`` on ``example``."""
+    sizes: dict[str, tuple[int, int]] = {}
+    hooks = [
+        module.register_forward_hook(
+            lambda _m, _i, out, name=name: sizes.__setitem__(name, tuple(out.shape[-2:]))
+        )
+        for name, module in model.named_modules()
+        if isinstance(module, nn.Conv2d)
+    ]
+    try:
+        with torch.no_grad():
+            model(example)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return sizes
+
+
+def select_layers(
+    model: nn.Module,
+    layers: str | Sequence[str] = LATE,
+    example: torch.Tensor | None = None,
+) -> list[str]:
+    """Names of the ``nn.Conv2d`` modules of ``model`` that ``layers`` selects, in network order.
+
+    ``layers``: :data:`LATE`, or module-name patterns (``fnmatch``: ``"stages.3.*"``,
+    ``"layer4.0.conv2"``) each matching at least one convolution. ``example``: an input for the
+    probe forward of :data:`LATE` (default: zeros of the model's ``image_size`` and
+    ``in_channels``). ConversionError naming the layer if a selected convolution is one
+    Theorem 1's construction does not cover as written (a subclass with its own forward, hooks,
+    a parametrized weight); ValueError for a pattern that matches no convolution.
+    """
+    convs = {name: m for name, m in model.named_modules() if isinstance(m, nn.Conv2d)}
+    if isinstance(layers, str) and layers == LATE:
+        sizes = _output_sizes(model, _example_input(model, example))
+        spatial = [name for name in convs if convs[name].kernel_size != (1, 1) and name in sizes]
+        smallest = sorted({sizes[name][0] * sizes[name][1] for name in spatial})[:2]
+        chosen = [name for name in spatial if sizes[name][0] * sizes[name][1] in smallest]
+    else:
+        patterns = [layers] if isinstance(layers, str) else list(layers)
+        chosen = []
+        for pattern in patterns:
+            matched = [name for name in convs if fnmatch.fnmatchcase(name, pattern)]
+            if not matched:
+                raise ValueError(
+                    f"layer pattern {pattern!r} matches no nn.Conv2d; the network has "
+                    f"{', '.join(list(convs)[:8])}{', ...' if len(convs) > 8 else ''}"
+                )
+            chosen += [name for name in matched if name not in chosen]
+        chosen.sort(key=list(convs).index)
+    if not chosen:
+        raise ValueError("no convolution to transform: the network has no spatial nn.Conv2d")
+    for name in chosen:
+        reason = _reason_left(convs[name], has_rule=False)
+        if reason is None and type(convs[name]) is not nn.Conv2d:
+            reason = f"a {type(convs[name]).__name__}, not a plain nn.Conv2d"
+        if reason is not None:
+            raise ConversionError(f"cannot transform {name}: {reason}")
+    return chosen
+
+
+def transform(
+    model: nn.Module,
+    layers: str | Sequence[str] = LATE,
+    spread: float = 4.0,
+    content: bool = True,
+    qk_dim: int | None = None,
+    content_heads: int = 1,
+    example: torch.Tensor | None = None,
+) -> nn.Module:
+    """A copy of ``model`` with the convolutions ``layers`` selects (:func:`select_layers`)
+    recast as trainable attention (:class:`TransformedConv2d`), everything else (normalisation,
+    shortcuts, the head) untouched and ``model`` itself unchanged.
+
+    Each transformed layer starts as its convolution blurred by a Gaussian of inverse standard
+    deviation ``spread`` (1/pixels; the error against the convolution falls like
+    ``exp(−spread²/2)``) and with its content gates shut (``content=True``), so the copy computes
+    ``model``'s function with that blur, and every centre, spread, gate and content weight is a
+    trainable parameter. For a network attnconv rebuilds from checkpoints use
+    :func:`transform_checkpoint`, whose result saves and loads as a model of its own.
+    """
+    names = select_layers(model, layers, example)
+    transformed = copy.deepcopy(model)
+    modules = dict(transformed.named_modules())
+    for name in names:
+        parent, leaf = _submodule_parent(transformed, name)
+        layer = TransformedConv2d.from_conv(modules[name], spread, content, qk_dim, content_heads)
+        layer.train(modules[name].training)
+        setattr(parent, leaf, layer)
+    return transformed
+
+
+def transform_checkpoint(
+    checkpoint: Mapping[str, Any],
+    layers: str | Sequence[str] = LATE,
+    spread: float = 4.0,
+    content: bool = True,
+    qk_dim: int | None = None,
+    content_heads: int = 1,
+    preset: str | None = None,
+) -> dict[str, Any]:
+    """The checkpoint (``attnconv.models.checkpoint`` format) of the transform of the model in
+    ``checkpoint`` (``architecture``, ``arguments``, ``model`` weights, ``dataset``; a checkpoint
+    from ``load_checkpoint`` or a shipped model's): architecture ``"transformed"``, arguments
+    that rebuild it, its weights, the same dataset, and ``preset`` (default: the original's).
+    Query and key weights draw from torch's global generator."""
+    from attnconv.models.checkpoint import rebuild
+
+    if checkpoint["architecture"] == "transformed":
+        raise ValueError("the checkpoint already holds a transformed network")
+    base, arguments = checkpoint["architecture"], dict(checkpoint["arguments"])
+    network = rebuild(base, arguments, checkpoint["model"], "the checkpoint to transform").eval()
+    names = select_layers(network, layers)
+    model = TransformedNetwork.from_network(
+        base, arguments, network, names, spread, content, qk_dim, content_heads
+    )
+    return {
+        "preset": preset or checkpoint["preset"],
+        "dataset": checkpoint["dataset"],
+        "architecture": "transformed",
+        "arguments": {
+            "base": base,
+            "base_arguments": arguments,
+            "layers": names,
+            "spread": float(spread),
+            "content": bool(content),
+            "qk_dim": qk_dim,
+            "content_heads": content_heads,
+        },
+        "model": model.state_dict(),
+    }
+
+
+def choose_spread(
+    accuracy: Callable[[float], float],
+    baseline: float,
+    tolerance: float = 0.1,
+    candidates: Sequence[float] = SPREAD_CANDIDATES,
+) -> tuple[float, dict[float, float]]:
+    """The smallest spread of ``candidates`` whose ``accuracy(spread)`` (in %, e.g. on a
+    validation split) is within ``tolerance`` points of ``baseline`` (the original network's),
+    and every accuracy measured; the candidates are tried in increasing order until one keeps it.
+    ValueError if none does (the largest candidate's accuracy is in the message)."""
+    measured: dict[float, float] = {}
+    for spread in sorted(candidates):
+        measured[spread] = accuracy(spread)
+        if measured[spread] >= baseline - tolerance:
+            return spread, measured
+    largest = max(measured)
+    raise ValueError(
+        f"no spread keeps the accuracy within {tolerance} points of {baseline:.2f}% (spread "
+        f"{largest:g}: {measured[largest]:.2f}%); give larger candidates or a spread"
+    )
