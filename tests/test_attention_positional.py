@@ -19,9 +19,9 @@ from attnconv.attention import (
     LearnedScore,
     PositionalScore,
 )
-from attnconv.attention.positional import Positional, positional_score_class
+from attnconv.attention.positional import GRID_SPREAD, Positional, positional_score_class
 from attnconv.attention.scores import kron_factors, kron_sum_factors
-from attnconv.models import create_model
+from attnconv.models import ImageTransformer, create_model
 
 F64 = torch.float64
 NAMES = ("gaussian", "gaussian_full", "learned")
@@ -296,3 +296,37 @@ def test_old_attribute_names_warn_once_and_reach_the_score(monkeypatch):
     assert not hasattr(layer, "centers")  # a learned layer never had centres
     with pytest.raises(AttributeError, match="no attribute 'nonsense'"):
         _ = layer.nonsense
+
+
+@pytest.mark.parametrize("score", [GaussianScore, GaussianFullScore])
+def test_grid_init_places_each_head_on_its_kernel_tap(score):
+    """Theorem 1's construction as a start: head ``i·K + j`` on tap ``(i − ⌊K/2⌋, j − ⌊K/2⌋)``
+    with inverse std GRID_SPREAD and no noise (K = 3 and the even K = 4)."""
+    for heads, size in ((9, 3), (16, 4)):
+        layer = score(heads, init="grid")
+        taps = [(i - size // 2, j - size // 2) for i in range(size) for j in range(size)]
+        assert layer.centers.tolist() == [[float(r), float(c)] for r, c in taps]
+        identity = layer._spread_identity()
+        assert torch.equal(layer.spread, GRID_SPREAD * identity.expand_as(layer.spread))
+        # the head on tap (i, j) puts its peak attention on that tap
+        probs = layer.offset_probs(7, 7)  # (heads, 13, 13), index 6 is offset 0
+        peaks = [divmod(int(p.argmax()), 13) for p in probs]
+        assert peaks == [(r + 6, c + 6) for r, c in taps]
+    with pytest.raises(ValueError, match="square number of heads"):
+        score(8, init="grid")
+
+
+def test_grid_init_is_for_centred_scores_only_and_changes_nothing_else():
+    with pytest.raises(ValueError, match="positional init must be one of"):
+        LearnedScore(9, head_dim=4, max_size=5, init="grid")
+    with pytest.raises(ValueError, match="needs positional='gaussian' or 'gaussian_full'"):
+        ImageTransformer(positional="learned", positional_init="grid")
+    kwargs = {"hidden": 16, "depth": 2, "mlp_dim": 16, "image_size": (8, 8), "in_channels": 1,
+              "mean": (0.5,), "std": (0.2,), "weight_init": "fan_in"}  # fmt: skip
+    torch.manual_seed(3)
+    grid = ImageTransformer(positional_init="grid", **kwargs).state_dict()
+    torch.manual_seed(3)
+    paper = ImageTransformer(**kwargs).state_dict()
+    differ = {key for key in grid if not torch.equal(grid[key], paper[key])}
+    assert differ == {f"blocks.{b}.attention.position.{p}" for b in (0, 1)
+                      for p in ("centers", "spread")}  # fmt: skip

@@ -350,6 +350,49 @@ class TransformedConv2d(nn.Module):
         logits = (queries * self.qk_dim**-0.5) @ keys.transpose(-1, -2)
         return logits.softmax(dim=-1)  # (B, content_heads, N_out, N)
 
+    @torch.no_grad()
+    def attention(self, x: Tensor) -> Tensor:
+        """``(B, heads, H_out·W_out, H·W)``: each head's attention of every output pixel over the
+        input's pixels (row-major), ``(1 − g_h) P_pos + g_h P_c``, for figures and analysis. The
+        positional part is the softmax over the zero-extended input restricted to the image: a
+        row sums to less than one by the mass on padding, which only ever meets zeros (with zero
+        padding) or copies of border pixels (other padding modes)."""
+        batch, _, height, width = x.shape
+        out_h, out_w = self.output_size(height, width)
+        dtype = torch.promote_types(x.dtype, self.weight.dtype)
+        (top, _), (left, _) = self.padding
+        axes = []
+        for axis, size, out in ((0, height, out_h), (1, width, out_w)):
+            lo, hi = self._axis_reach(axis, dtype)
+            offsets = torch.arange(lo, hi + 1, device=x.device, dtype=dtype)
+            logits = gaussian_axis_logits(
+                self.position.centers[:, axis].to(dtype), self.position.spread.to(dtype), offsets
+            )
+            probs = softmax_without_subnormals(logits)  # (heads, offsets), normalised over Z
+            queries = torch.arange(out, device=x.device) * self.stride[axis] + self.anchor[axis]
+            keys = torch.arange(size, device=x.device) + (top, left)[axis]  # padded coordinates
+            delta = keys[None, :] - queries[:, None]  # (out, size)
+            inside = (delta >= lo) & (delta <= hi)
+            index = (delta - lo).clamp(0, hi - lo)
+            axes.append(probs[:, index] * inside)  # (heads, out, size)
+        row, col = axes
+        positional = (row[:, :, None, :, None] * col[:, None, :, None, :]).reshape(
+            self.heads, out_h * out_w, height * width
+        )[None]
+        if self.gate is None:
+            return positional.expand(batch, -1, -1, -1).to(x.dtype)
+        gates = self.content_gates().to(dtype).view(1, -1, 1, 1)
+        content = self.content_probs(x).to(dtype)[:, self.content_map()]
+        return (positional + gates * (content - positional)).to(x.dtype)
+
+    @torch.no_grad()
+    def head_geometry(self) -> dict[str, Tensor]:
+        """``centers (heads, 2)`` (pixels, from the query), ``covariance (heads, 2, 2)``,
+        ``condition_number (heads,)`` (1: isotropic), as
+        :meth:`~attnconv.MultiHeadSelfAttention2d.head_geometry` gives them, and ``gates
+        (heads,)``, each head's share of content attention."""
+        return {**self.position.geometry(), "gates": self.content_gates().detach().clone()}
+
     def _pad(self, x: Tensor) -> Tensor:
         (top, bottom), (left, right) = self.padding
         if top + bottom + left + right == 0:

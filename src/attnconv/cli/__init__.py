@@ -73,6 +73,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "attnconv.cli.models",
         "list the model presets with parameters and forward multiply-adds per image",
     ),
+    "transform": (
+        "attnconv.cli.transform",
+        "recast a trained CNN's convolutions as attention that keeps learning (T-CNN)",
+    ),
     "heads": (
         "attnconv.cli.heads",
         "print each Gaussian attention head of a checkpoint and flag the degenerate ones",

@@ -50,8 +50,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR exactly "
                         "where its last checkpoint left it, with the config saved in that "
                         "checkpoint; with --epochs N, train it on to epoch N")
-    parser.add_argument("--init", metavar="CHECKPOINT", help="fine-tune this checkpoint after "
-                        "pruning its degenerate heads (preset quadratic-generalized-pruned)")
+    parser.add_argument(
+        "--init", metavar="CHECKPOINT",
+        help="fine-tune this checkpoint, or pretrained:NAME for a shipped model, with a preset "
+        "that fine-tunes (quadratic-generalized-pruned prunes its degenerate heads first; "
+        "tcnn-fashion-small transforms a resnet-fashion-small as its preset says, or takes "
+        "what `attnconv transform` wrote)",
+    )
 
 
 def flag_settings(args: argparse.Namespace) -> dict[str, Any]:
@@ -85,6 +90,7 @@ def run(args: argparse.Namespace) -> int:
     from attnconv.cli import UsageError
     from attnconv.models import PRESETS
     from attnconv.models.checkpoint import load_checkpoint
+    from attnconv.models.pretrained import load_init_checkpoint
     from attnconv.train.config import resolve_config
     from attnconv.train.loop import NonFiniteLossError, train
     from attnconv.viz.figures import attention_figure
@@ -102,7 +108,8 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError(f"give --preset (one of {', '.join(PRESETS)}) or --resume RUN_DIR")
         dataset = args.dataset
         if args.init is not None:
-            init = load_checkpoint(args.init)  # once: its dataset here, its weights in train
+            # once: its dataset here, its weights in train
+            init = _transformed_if_needed(load_init_checkpoint(args.init), args.preset)
             dataset = dataset or init["dataset"]
         config = resolve_config(args.preset, dataset, args.overrides, **flag_settings(args))
         stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -120,3 +127,18 @@ def run(args: argparse.Namespace) -> int:
         print(f"attnconv train: stopped: {err}", file=sys.stderr)
         return 1
     return 0
+
+
+def _transformed_if_needed(init: dict[str, Any], preset_name: str) -> dict[str, Any]:
+    """``init``, or for a preset of transformed networks (``tcnn-*``) given a checkpoint of the
+    network it transforms, that checkpoint transformed as the preset's arguments say."""
+    from attnconv.convert import transform_checkpoint
+    from attnconv.models import PRESETS
+
+    preset = PRESETS.get(preset_name)
+    if preset is None or preset.model != "transformed" or init["architecture"] == "transformed":
+        return init
+    kwargs = preset.model_kwargs
+    settings = {key: kwargs[key] for key in ("spread", "content", "qk_dim", "content_heads")
+                if key in kwargs}
+    return transform_checkpoint(init, list(kwargs["layers"]), preset=preset_name, **settings)

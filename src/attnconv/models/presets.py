@@ -40,8 +40,9 @@ class Preset:
     config's defaults (the paper's recipe: SGD with momentum 0.9, lr 0.1, weight decay 1e-4, batch
     100, 300 epochs, cosine decay after a 5% linear warm-up); checked when a config is resolved
     (``attnconv.train.resolve_config``). ``requires_init``: the run fine-tunes a given checkpoint
-    (after pruning its degenerate heads) instead of starting from scratch. ``dataset``: an
-    ``attnconv.data.DATASETS`` name.
+    (after pruning its degenerate heads, for a pruned preset) instead of starting from scratch;
+    ``init_presets`` names the presets whose checkpoints it fine-tunes (by default those of the same
+    architecture and arguments but the heads). ``dataset``: an ``attnconv.data.DATASETS`` name.
     """
 
     name: str
@@ -51,6 +52,7 @@ class Preset:
     recipe: dict[str, Any] = field(default_factory=dict)
     dataset: str = "cifar10"
     requires_init: bool = False
+    init_presets: tuple[str, ...] = ()
 
 
 def Recipe(**fields: Any) -> dict[str, Any]:
@@ -136,6 +138,17 @@ _FASHION_RESNET_RECIPE: dict[str, Any] = {
     "warmup_fraction": 0.0,
     "milestones": (17, 25, 42),
 }
+
+_FASHION_SMALL_WIDTHS = (9, 18, 36, 72)
+TCNN_FASHION_LAYERS = tuple(
+    f"stages.{stage}.{block}.conv{conv}" for stage in (2, 3) for block in (0, 1) for conv in (1, 2)
+)
+"""The convolutions ``tcnn-fashion-small`` transforms: every 3×3 one of the last two stages (what
+``attnconv.transform``'s default, ``layers="late"``, selects in ``resnet-fashion-small``)."""
+TCNN_FASHION_SPREAD = 3.0
+"""The spread ``tcnn-fashion-small`` starts from: see docs/transform.md (``attnconv transform``
+measures the smallest one that keeps the validation accuracy)."""
+_TCNN_RECIPE: dict[str, Any] = {"lr": 0.01, "epochs": 20, "warmup_fraction": 0.05}
 
 PRESETS: dict[str, Preset] = {
     preset.name: preset
@@ -250,9 +263,40 @@ PRESETS: dict[str, Preset] = {
             "CIFAR ResNet-18 narrowed to the attention models' size (widths 9..72, 223k "
             "parameters): the size-matched CNN baseline for Fashion-MNIST on a CPU",
             "resnet18",
-            {**_FASHION_IMAGES, "widths": (9, 18, 36, 72)},
+            {**_FASHION_IMAGES, "widths": _FASHION_SMALL_WIDTHS},
             dict(_FASHION_RESNET_RECIPE),
             dataset="fashion-mnist",
+        ),
+        # T-CNN (docs/transform.md): resnet-fashion-small with the 3×3 convolutions of its two
+        # last stages (7×7 and 4×4 grids) recast as attention by attnconv.transform, fine-tuned
+        # from the trained CNN (`attnconv transform`, then --init), and its control: the CNN
+        # trained on with the same recipe, so a gain is not just more training.
+        Preset(
+            "tcnn-fashion-small",
+            "resnet-fashion-small with its late 3×3 convolutions recast as attention (Gaussian "
+            "heads on the taps + gated content: T-CNN), fine-tuned from the trained CNN",
+            "transformed",
+            {
+                "base": "resnet18",
+                "base_arguments": {**_FASHION_IMAGES, "widths": _FASHION_SMALL_WIDTHS},
+                "layers": TCNN_FASHION_LAYERS,
+                "spread": TCNN_FASHION_SPREAD,
+            },
+            dict(_TCNN_RECIPE),
+            dataset="fashion-mnist",
+            requires_init=True,
+            init_presets=("tcnn-fashion-small",),
+        ),
+        Preset(
+            "resnet-fashion-small-continued",
+            "resnet-fashion-small trained on with tcnn-fashion-small's recipe: the control of "
+            "the transform",
+            "resnet18",
+            {**_FASHION_IMAGES, "widths": _FASHION_SMALL_WIDTHS},
+            dict(_TCNN_RECIPE),
+            dataset="fashion-mnist",
+            requires_init=True,
+            init_presets=("resnet-fashion-small", "resnet-fashion-small-continued"),
         ),
         # vit-fashion: a plain ViT (models/vit.py) at the Fashion transformers' width, depth, heads
         # and feed-forward, with 2×2 patches (the same 14×14 grid), learned absolute position
@@ -328,6 +372,11 @@ def preset_arguments(
             f"keys: {', '.join(valid)}"
         )
     arguments = {**preset.model_kwargs, **overrides, "num_classes": num_classes}
+    if preset.model == "transformed":  # the classes are the base network's
+        classes = {"num_classes": arguments.pop("num_classes")}
+        arguments["base_arguments"] = {**arguments["base_arguments"], **classes}
+        base = arguments["base_arguments"]
+        arguments["base_arguments"] = full_arguments(arguments["base"], base)
     return preset.model, full_arguments(preset.model, arguments)
 
 

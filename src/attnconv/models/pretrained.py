@@ -274,3 +274,30 @@ def checkpoint_or_pretrained(checkpoint: str | None, pretrained: str | None) -> 
     if (checkpoint is None) == (pretrained is None):
         raise UserError("give a CHECKPOINT or --pretrained NAME (one of them)")
     return "checkpoint" if pretrained is None else "pretrained"
+
+
+PRETRAINED_PREFIX = "pretrained:"
+
+
+def pretrained_checkpoint(name: str, folder: str | Path = WEIGHTS_DIR) -> dict[str, Any]:
+    """The shipped model ``name`` as a checkpoint dict (``attnconv.models.checkpoint``'s entries:
+    preset ``name``, dataset, architecture, arguments, model weights), e.g. to fine-tune it."""
+    folder = Path(folder)
+    info = pretrained_info(name, folder)
+    return {
+        "preset": name,
+        "dataset": info.dataset,
+        "architecture": info.architecture,
+        "arguments": dict(info.arguments),
+        "model": _read_weights(info, folder),
+    }
+
+
+def load_init_checkpoint(spec: str) -> dict[str, Any]:
+    """A checkpoint to start from: ``spec`` is a checkpoint file, or ``pretrained:NAME`` for a
+    model shipped with attnconv (:func:`pretrained_checkpoint`)."""
+    from attnconv.models.checkpoint import load_checkpoint
+
+    if spec.startswith(PRETRAINED_PREFIX):
+        return pretrained_checkpoint(spec[len(PRETRAINED_PREFIX) :])
+    return load_checkpoint(spec)

@@ -55,6 +55,7 @@ from attnconv.models.checkpoint import (
 )
 from attnconv.models.modes import evaluating
 from attnconv.models.presets import preset_arguments, size_note
+from attnconv.models.pretrained import load_init_checkpoint
 from attnconv.runs import (
     RunDir,
     RunFolderError,
@@ -221,6 +222,7 @@ def check_data_fits(arguments: dict[str, Any], data: DataSplits, source: str) ->
     """UserError if a model built with constructor ``arguments`` does not take ``data``'s images
     or classes."""
     expected = data_model_config(data)
+    arguments = arguments.get("base_arguments", arguments)  # a transformed network's base
     for key in ("num_classes", "in_channels"):
         if arguments.get(key) != expected[key]:
             raise UserError(
@@ -419,32 +421,27 @@ class Trainer:
                     f"built on {config.dataset} with {'it' if len(config.model) == 1 else 'them'} "
                     f"({err})"
                 ) from err
-        return self._pruned_init_model(load_checkpoint(config.init) if init is None else init)
+        return self._init_model(load_init_checkpoint(config.init) if init is None else init)
 
-    def _pruned_init_model(self, init: dict[str, Any]) -> tuple[nn.Module, str, dict[str, Any]]:
-        """The ``--init`` checkpoint's model with its degenerate heads pruned."""
+    def _init_model(self, init: dict[str, Any]) -> tuple[nn.Module, str, dict[str, Any]]:
+        """The ``--init`` checkpoint's model, checked against the preset that fine-tunes it, with
+        its degenerate heads pruned for a pruned preset."""
         from attnconv.models.heads import prune_degenerate_heads
 
         config = self.config
-        source = PRESETS.get(init["preset"])
         target = PRESETS[config.preset]
-        same_architecture = (
-            source is not None
-            and source.model == target.model
-            and {k: v for k, v in source.model_kwargs.items() if k != "heads"}
+        accepted = target.init_presets or tuple(
+            name
+            for name, p in PRESETS.items()
+            if p.model == target.model
+            and {k: v for k, v in p.model_kwargs.items() if k != "heads"}
             == {k: v for k, v in target.model_kwargs.items() if k != "heads"}
+            and name != config.preset
         )
-        if not same_architecture:
-            compatible = [
-                name
-                for name, p in PRESETS.items()
-                if p.model == target.model
-                and p.model_kwargs == target.model_kwargs
-                and name != config.preset
-            ]
+        if init["preset"] not in accepted:
             raise UserError(
                 f"{config.init} is a checkpoint of preset {init['preset']!r}; preset "
-                f"{config.preset!r} fine-tunes a model of preset {' or '.join(compatible)}"
+                f"{config.preset!r} fine-tunes a model of preset {' or '.join(accepted)}"
             )
         if init["dataset"] != config.dataset:
             raise UserError(
@@ -455,6 +452,8 @@ class Trainer:
         model = rebuild(
             architecture, arguments, init["model"], f"{config.init} with {config.model}"
         )
+        if target.init_presets:  # fine-tuned as it is
+            return model, architecture, arguments
         summary = prune_degenerate_heads(model)
         if self.context.is_main:
             tqdm.write(f"{config.init}: {summary}")

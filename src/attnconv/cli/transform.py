@@ -1,0 +1,140 @@
+"""``attnconv transform CHECKPOINT|RUN_DIR|--pretrained NAME --out RUN``: recast a trained CNN's
+convolutions as attention that keeps learning (T-CNN, docs/transform.md).
+
+Writes ``RUN/transformed.pt``, a checkpoint of the transformed network (architecture
+``"transformed"``) that ``train --init``, ``eval``, ``heads``, ``plot``, ``explore`` and
+``analyze`` take, and ``RUN/transform.json`` (what was transformed, the spread and how it was
+chosen). Without ``--spread`` the spread is the smallest of ``SPREAD_CANDIDATES`` whose transformed
+network keeps the validation accuracy within ``--tolerance`` points of the CNN's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from attnconv.errors import UserError
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("checkpoint", nargs="?", help="a checkpoint or run folder of a CNN")
+    parser.add_argument("--pretrained", metavar="NAME", help="a CNN shipped with attnconv")
+    parser.add_argument("--out", required=True, help="the folder to write transformed.pt into")
+    parser.add_argument(
+        "--layers", nargs="+", metavar="PATTERN",
+        help="module-name patterns of the convolutions to transform (e.g. 'stages.3.*'); "
+        "default: the spatial convolutions of the two smallest grids (the late stages)",
+    )
+    parser.add_argument(
+        "--spread", type=float,
+        help="the heads' inverse standard deviation (1/pixels); default: the smallest that keeps "
+        "the validation accuracy within --tolerance points of the CNN's",
+    )
+    parser.add_argument("--tolerance", type=float, default=0.1,
+                        help="accuracy points the spread search may lose (default 0.1)")
+    parser.add_argument("--no-content", action="store_true",
+                        help="Gaussian heads only, without the gated content attention")
+    parser.add_argument("--content-heads", type=int, default=1,
+                        help="content attention maps per layer (1: one shared by the heads; "
+                        "the number of heads: ConViT's, one per head)")
+    parser.add_argument("--qk-dim", type=int, help="query/key width of each content map")
+    parser.add_argument("--seed", type=int, default=0, help="draws the query and key weights")
+    parser.add_argument("--data-dir", help="where datasets live (for the spread search)")
+    parser.add_argument("--batch-size", type=int, default=500, help="images per forward")
+
+
+def _transformed_preset(base_preset: str) -> str:
+    """The preset of transformed networks built on ``base_preset``'s network (``train --init``
+    takes the checkpoint with it), else ``BASE-transformed``."""
+    from attnconv.models import PRESETS
+
+    base = PRESETS.get(base_preset)
+    for name, preset in PRESETS.items():
+        if (
+            preset.model == "transformed"
+            and base is not None
+            and preset.model_kwargs["base_arguments"] == base.model_kwargs
+        ):
+            return name
+    return f"{base_preset}-transformed"
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from attnconv.convert import choose_spread, transform_checkpoint
+    from attnconv.data import BatchLoader, load_splits
+    from attnconv.models.checkpoint import build_model, load_checkpoint, save_checkpoint
+    from attnconv.models.pretrained import checkpoint_or_pretrained, pretrained_checkpoint
+    from attnconv.runs import checkpoint_file, write_json
+    from attnconv.train.loop import check_data_fits, evaluation_sums
+
+    if checkpoint_or_pretrained(args.checkpoint, args.pretrained) == "pretrained":
+        source = pretrained_checkpoint(args.pretrained)
+        config: dict = {}
+    else:
+        source = load_checkpoint(checkpoint_file(args.checkpoint))
+        config = source.get("config", {})
+    if source["architecture"] == "transformed":
+        raise UserError("that checkpoint already holds a transformed network")
+    if args.spread is not None and not args.spread > 0:
+        raise UserError(f"--spread must be a positive number, got {args.spread}")
+    layers = args.layers or "late"
+    preset = _transformed_preset(source["preset"])
+    options = {
+        "content": not args.no_content,
+        "qk_dim": args.qk_dim,
+        "content_heads": args.content_heads,
+        "preset": preset,
+    }
+
+    def transformed(spread: float) -> dict:
+        torch.manual_seed(args.seed)
+        try:
+            return transform_checkpoint(source, layers, spread, **options)
+        except ValueError as err:
+            raise UserError(f"cannot transform: {err}") from err
+
+    record: dict = {"source": args.pretrained or str(args.checkpoint), "preset": preset}
+    spread = args.spread
+    if spread is None:
+        data = load_splits(
+            source["dataset"], args.data_dir, config.get("val_size"), seed=config.get("seed", 0)
+        )
+        check_data_fits(source["arguments"], data, record["source"])
+        loader = BatchLoader(
+            data.val, args.batch_size, device=torch.device("cpu"), train=False, flip=False
+        )
+
+        def accuracy(model: torch.nn.Module) -> float:
+            _, correct, seen = evaluation_sums(model, loader, "fp32")
+            return 100.0 * correct / seen
+
+        cnn = build_model(source, record["source"])
+        baseline = accuracy(cnn)
+        print(f"{record['source']}: validation accuracy {baseline:.2f}% ({len(data.val)} images)",
+              file=sys.stderr)
+
+        def spread_accuracy(candidate: float) -> float:
+            result = accuracy(build_model(transformed(candidate)))
+            print(f"  spread {candidate:g}: {result:.2f}%", file=sys.stderr)
+            return result
+
+        try:
+            spread, measured = choose_spread(spread_accuracy, baseline, args.tolerance)
+        except ValueError as err:
+            raise UserError(str(err)) from err
+        record |= {"validation_accuracy": baseline, "tolerance": args.tolerance,
+                   "spread_accuracy": {f"{s:g}": a for s, a in measured.items()}}
+    checkpoint = transformed(spread)
+    out = Path(args.out)
+    save_checkpoint(checkpoint, out / "transformed.pt")
+    record |= {"spread": spread, **{k: v for k, v in checkpoint["arguments"].items()
+                                    if k not in ("base_arguments", "spread")}}
+    write_json(out / "transform.json", record)
+    names = checkpoint["arguments"]["layers"]
+    print(f"transformed {len(names)} convolutions ({names[0]} ... {names[-1]}) with spread "
+          f"{spread:g}: {out / 'transformed.pt'}")
+    print(f"fine-tune it: attnconv train --preset {preset} --init {out / 'transformed.pt'}")
+    return 0

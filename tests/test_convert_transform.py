@@ -1,0 +1,192 @@
+"""attnconv.transform / transform_checkpoint / choose_spread: the transformed network starts as the
+CNN (blurred by the spread), forward and in the gradients w.r.t. the kernels; it saves, loads and
+trains as a model of its own."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import attnconv
+from attnconv.attention.transformed import TransformedConv2d
+from attnconv.convert import (
+    ConversionError,
+    choose_spread,
+    select_layers,
+    transform,
+    transform_checkpoint,
+)
+from attnconv.models import create_model
+from attnconv.models.checkpoint import build_model, load_model, save_checkpoint
+from attnconv.models.presets import TCNN_FASHION_LAYERS, preset_arguments
+from attnconv.models.transformed import TransformedNetwork
+
+F64 = torch.float64
+SMALL = {"widths": (4, 8, 8, 16), "image_size": (16, 16), "in_channels": 1, "mean": (0.5,),
+         "std": (0.25,)}  # fmt: skip
+
+
+def small_cnn(seed: int = 0) -> tuple[nn.Module, dict]:
+    torch.manual_seed(seed)
+    arch, arguments = preset_arguments("resnet-fashion-small", **SMALL)
+    model = create_model("resnet-fashion-small", **SMALL).double()
+    with torch.no_grad():  # trained-looking batch norms: not the identity
+        for module in model.modules():
+            if isinstance(module, nn.BatchNorm2d):
+                module.running_mean.uniform_(-0.2, 0.2)
+                module.running_var.uniform_(0.5, 2.0)
+    checkpoint = {"preset": "resnet-fashion-small", "dataset": "fashion-mnist",
+                  "architecture": arch, "arguments": arguments, "model": model.state_dict()}  # fmt: skip
+    return model.eval(), checkpoint
+
+
+def test_late_selects_the_spatial_convolutions_of_the_two_smallest_grids():
+    model, _ = small_cnn()
+    assert select_layers(model) == list(TCNN_FASHION_LAYERS)  # 4×4 and 2×2 grids: stages 2, 3
+    assert select_layers(model, ["stages.3.1.*", "conv1"]) == [
+        "conv1", "stages.3.1.conv1", "stages.3.1.conv2"
+    ]  # fmt: skip
+    with pytest.raises(ValueError, match=r"matches no nn\.Conv2d"):
+        select_layers(model, ["nowhere.*"])
+
+
+class BlurredConv(nn.Module):
+    """``conv`` with its kernel blurred by a normalised discrete Gaussian of inverse std
+    ``spread`` (truncated at ``radius`` pixels), a differentiable function of ``conv.weight``."""
+
+    def __init__(self, conv: nn.Conv2d, spread: float, radius: int = 10) -> None:
+        super().__init__()
+        self.conv, self.radius = conv, radius
+        taps = torch.arange(-radius, radius + 1, dtype=conv.weight.dtype)
+        bump = torch.exp(-0.5 * spread**2 * taps**2)
+        self.bump = (bump / bump.sum())[:, None] * (bump / bump.sum())[None, :]
+
+    def forward(self, x):
+        conv, r = self.conv, self.radius
+        out, per_group, kh, kw = conv.weight.shape
+        flat = nn.functional.pad(conv.weight.reshape(-1, 1, kh, kw), (2 * r,) * 4)
+        kernel = nn.functional.conv2d(flat, self.bump[None, None]).reshape(out, per_group, *(
+            kh + 2 * r, kw + 2 * r))  # fmt: skip
+        padding = tuple(p + r for p in conv.padding)
+        return nn.functional.conv2d(x, kernel, conv.bias, conv.stride, padding, 1, conv.groups)
+
+
+@pytest.mark.parametrize("spread", [2.0, 3.0])
+def test_step_zero_is_the_cnn_with_blurred_kernels_forward_and_kernel_gradients(spread):
+    """The transformed network at step 0 computes the CNN's function with the chosen spread: the
+    CNN whose transformed kernels are blurred by the heads' Gaussian, forward and in the gradient
+    of every kernel (transformed or not)."""
+    cnn, _ = small_cnn()
+    model = transform(cnn, spread=spread).eval()
+    assert not any(isinstance(m, TransformedConv2d) for m in cnn.modules())  # a copy
+    reference = small_cnn()[0]
+    for name in TCNN_FASHION_LAYERS:
+        *path, leaf = name.split(".")
+        parent = reference.get_submodule(".".join(path))
+        setattr(parent, leaf, BlurredConv(getattr(parent, leaf), spread))
+    x = torch.rand(3, 1, 16, 16, dtype=F64)
+    out, ref = model(x), reference(x)
+    assert (out - ref).abs().max() <= 1e-12 * ref.abs().max()
+    assert (out - cnn(x)).abs().max() > 1e-4  # blurred: not the CNN's exact function
+    weights = torch.randn_like(ref)
+    names = [name for name, m in cnn.named_modules() if isinstance(m, nn.Conv2d)]
+    ours = torch.autograd.grad(
+        (out * weights).sum(), [model.get_submodule(n).weight for n in names]
+    )
+    theirs = torch.autograd.grad(
+        (ref * weights).sum(),
+        [getattr(reference.get_submodule(n), "conv", reference.get_submodule(n)).weight
+         for n in names],
+    )  # fmt: skip
+    for a, b in zip(ours, theirs, strict=True):
+        assert (a - b).abs().max() <= 1e-10 * b.abs().max()
+
+
+def test_a_large_spread_is_the_cnn_itself():
+    cnn, _ = small_cnn()
+    model = transform(cnn, spread=12.0).eval()
+    x = torch.rand(3, 1, 16, 16, dtype=F64)
+    with torch.no_grad():
+        assert (model(x) - cnn(x)).abs().max() <= 1e-12 * cnn(x).abs().max()
+
+
+def test_positional_parameters_and_gates_get_gradients_and_train():
+    _, checkpoint = small_cnn()
+    model = build_model(transform_checkpoint(checkpoint, spread=3.0)).train()  # float32
+    x, y = torch.rand(8, 1, 16, 16), torch.randint(0, 10, (8,))
+    nn.functional.cross_entropy(model(x), y).backward()
+    layers = model.transformed_layers()
+    assert list(layers) == list(TCNN_FASHION_LAYERS)
+    for name, layer in layers.items():
+        for param in (layer.position.centers, layer.position.spread, layer.gate, layer.weight):
+            assert param.grad is not None and param.grad.abs().sum() > 0, name
+    exempt = model.no_weight_decay_parameters("original")
+    assert "network.stages.3.1.conv2.gate" in exempt
+    assert "network.stages.3.1.conv2.position.centers" in exempt
+    assert "network.stages.3.1.conv2.weight" not in exempt
+
+
+def test_checkpoint_round_trip_is_bit_identical_and_keeps_attention_keys(tmp_path):
+    _, checkpoint = small_cnn()
+    transformed = transform_checkpoint(checkpoint, spread=3.0, preset="tcnn-fashion-small")
+    model = build_model(transformed)
+    with torch.no_grad():  # move away from the start so that every key matters
+        for layer in model.transformed_layers().values():
+            layer.gate.uniform_(0.0, 0.5)
+            layer.position.centers.add_(0.1)
+            layer.position.spread.mul_(0.9)
+    keys = set(model.state_dict())
+    for suffix in ("position.centers", "position.spread", "gate", "query.weight", "key.weight"):
+        assert f"network.stages.2.0.conv1.{suffix}" in keys
+    path = tmp_path / "t.pt"
+    save_checkpoint({**transformed, "model": model.state_dict()}, path)
+    loaded, saved = load_model(path)
+    assert saved["architecture"] == "transformed" and saved["preset"] == "tcnn-fashion-small"
+    x = torch.rand(4, 1, 16, 16)
+    with torch.no_grad():
+        assert torch.equal(loaded(x), model.eval()(x))
+
+
+def test_transform_checkpoint_on_the_preset_is_the_preset_architecture():
+    _, arguments = preset_arguments("tcnn-fashion-small")
+    model = create_model("tcnn-fashion-small")
+    assert isinstance(model, TransformedNetwork)
+    assert model.layer_names == list(TCNN_FASHION_LAYERS) == list(arguments["layers"])
+    assert arguments["base_arguments"]["widths"] == (9, 18, 36, 72)
+
+
+def test_refuses_what_the_construction_does_not_cover():
+    class Shifted(nn.Conv2d):
+        def forward(self, x):
+            return super().forward(x) + 1
+
+    model = nn.Sequential(Shifted(2, 2, 3, padding=1), nn.Conv2d(2, 2, 3, padding=1))
+    with pytest.raises(ConversionError, match="cannot transform 0: Shifted overrides forward"):
+        transform(model, ["0"])
+    hooked = nn.Sequential(nn.Conv2d(2, 2, 3, padding=1))
+    hooked[0].register_forward_hook(lambda *_: None)
+    with pytest.raises(ConversionError, match="forward hooks"):
+        transform(hooked, ["0"])
+    with pytest.raises(ValueError, match="give an example input"):
+        transform(nn.Sequential(nn.Conv2d(2, 2, 3)))
+    assert isinstance(transform(nn.Sequential(nn.Conv2d(2, 2, 3)), example=torch.zeros(1, 2, 5, 5))[0],
+                      TransformedConv2d)  # fmt: skip
+
+
+def test_choose_spread_takes_the_smallest_that_keeps_the_accuracy():
+    curve = {1.0: 50.0, 2.0: 90.0, 3.0: 92.95, 4.0: 93.0, 5.0: 93.1}
+    tried = []
+
+    def accuracy(spread):
+        tried.append(spread)
+        return curve[spread]
+
+    spread, measured = choose_spread(accuracy, 93.0, 0.1, candidates=[5.0, 1.0, 3.0, 2.0, 4.0])
+    assert spread == 3.0 and tried == [1.0, 2.0, 3.0] and measured == {1: 50, 2: 90, 3: 92.95}
+    with pytest.raises(ValueError, match=r"spread 2: 90\.00%"):
+        choose_spread(accuracy, 93.0, 0.1, candidates=[1.0, 2.0])
+
+
+def test_public_name():
+    assert attnconv.transform is transform
