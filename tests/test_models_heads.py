@@ -17,7 +17,7 @@ from attnconv.models.heads import (
     head_table,
     prune_degenerate_heads,
 )
-from attnconv.models.presets import preset_arguments
+from attnconv.models.presets import TCNN_FASHION_LAYERS, preset_arguments
 
 CONFIG = {"hidden": 16, "depth": 2, "heads": 4, "mlp_dim": 16, "image_size": (12, 12)}
 
@@ -226,3 +226,78 @@ def test_heads_of_a_shipped_model_are_its_weights(capsys):
         assert degenerate == ("yes" if s < MIN_SPREAD else "no")
     assert cli.main(["heads", "--pretrained", "resnet-fashion"]) == 2
     assert "ResNet has no attention layers" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------- transformed networks
+
+
+def test_transformed_head_table_and_layer_summary():
+    from attnconv.models.checkpoint import build_model
+    from attnconv.models.heads import transformed_head_table, transformed_layer_summary
+    from viz_helpers import transformed_checkpoint
+
+    model = build_model(transformed_checkpoint())
+    rows = transformed_head_table(model)
+    names = list(model.transformed_layers())
+    assert len(names) == 8 and len(rows) == 8 * 9
+    taps = [(i, j) for i in (-1, 0, 1) for j in (-1, 0, 1)]  # head i·3 + j on tap (i, j)
+    for row in rows:
+        layer, head = row["layer"], row["head"]
+        shift = (0.1 * (layer + 1), -0.05 * head)  # what transformed_checkpoint moved it by
+        assert row["name"] == names[layer]
+        assert (row["tap_row"], row["tap_col"]) == taps[head]
+        assert row["center_row"] == pytest.approx(taps[head][0] + shift[0], abs=1e-6)
+        assert row["center_col"] == pytest.approx(taps[head][1] + shift[1], abs=1e-6)
+        assert row["moved"] == pytest.approx(math.hypot(*shift), abs=1e-6)
+        assert row["spread"] == pytest.approx(3.0 - 0.1 * head, abs=1e-6)
+        assert row["std"] == pytest.approx(1 / (3.0 - 0.1 * head), abs=1e-6)
+        assert row["gate"] == pytest.approx(0.1 * head, abs=1e-6)
+    summary = transformed_layer_summary(rows)
+    assert [s["name"] for s in summary] == names
+    for layer, s in enumerate(summary):
+        moved = [math.hypot(0.1 * (layer + 1), 0.05 * h) for h in range(9)]
+        assert s["heads"] == 9
+        assert s["mean_moved"] == pytest.approx(sum(moved) / 9, abs=1e-6)
+        assert s["max_moved"] == pytest.approx(moved[-1], abs=1e-6)
+        assert s["mean_spread"] == pytest.approx(3.0 - 0.4, abs=1e-6)
+        assert s["mean_gate"] == pytest.approx(0.4, abs=1e-6)
+    with pytest.raises(ValueError, match="ImageTransformer is not a transformed network"):
+        transformed_head_table(generalized_model())
+
+
+def test_heads_command_on_a_transformed_network(tmp_path, capsys):
+    from viz_helpers import transformed_checkpoint
+
+    path = tmp_path / "tcnn.pt"
+    save_checkpoint(transformed_checkpoint(), path)
+    assert cli.main(["heads", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"{path}: preset tcnn-fashion-small, epoch 3\n")
+    lines = [line.split() for line in out.splitlines()]
+    heads = [cells for cells in lines if len(cells) == 10 and cells[0].isdigit()]
+    assert len(heads) == 8 * 9
+    layer, head, tap_row, tap_col, row, col, moved, spread, std, gate = heads[9 + 5]
+    assert (layer, head, tap_row, tap_col) == ("1", "5", "+0", "+1")
+    assert (float(row), float(col)) == pytest.approx((0.2, 1 - 0.25), abs=5e-4)
+    assert float(moved) == pytest.approx(math.hypot(0.2, 0.25), abs=5e-4)
+    assert (float(spread), float(std), float(gate)) == pytest.approx((2.5, 0.4, 0.5), abs=5e-4)
+    layers = [cells for cells in lines if len(cells) == 7 and cells[0].isdigit()]
+    assert [cells[1] for cells in layers] == list(TCNN_FASHION_LAYERS)
+    mean_moved = sum(math.hypot(0.8, 0.05 * h) for h in range(9)) / 9
+    assert float(layers[7][3]) == pytest.approx(mean_moved, abs=5e-4)
+    assert float(layers[7][6]) == pytest.approx(0.4, abs=5e-4)  # mean gate
+    assert cli.main(["heads", str(path), "--min-spread", "0.1"]) == 2
+    err = capsys.readouterr().err
+    assert "--min-spread: for Gaussian attention models" in err and err.count("\n") == 1
+
+
+def test_heads_command_on_the_transform_itself_says_every_head_is_on_its_tap(tmp_path, capsys):
+    from viz_helpers import transformed_checkpoint
+
+    path = tmp_path / "transformed.pt"
+    save_checkpoint(transformed_checkpoint(moved=False), path)
+    assert cli.main(["heads", str(path)]) == 0
+    lines = [line.split() for line in capsys.readouterr().out.splitlines()]
+    heads = [cells for cells in lines if len(cells) == 10 and cells[0].isdigit()]
+    assert {(cells[6], cells[7], cells[9]) for cells in heads} == {("0.000", "3.000", "0.000")}
+    assert all(float(c[2]) == float(c[4]) and float(c[3]) == float(c[5]) for c in heads)

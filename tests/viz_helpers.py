@@ -78,3 +78,39 @@ def write_run(
     if summary is not None:
         (run_dir / "summary.json").write_text(json.dumps(summary))
     return run_dir
+
+
+# A ResNet narrowed to widths 4..16 on one-channel images: on 16×16 images its late stages, the
+# ones transformed, run on 4×4 (from an 8×8 input: the stride-2 convolution) and 2×2 grids.
+TRANSFORMED_BASE = {"widths": (4, 8, 8, 16), "in_channels": 1, "mean": (0.3,), "std": (0.4,)}
+
+
+def transformed_checkpoint(
+    image_size: tuple[int, int] = (16, 16), dataset: str = "fashion-mnist", moved: bool = True
+) -> dict[str, Any]:
+    """The checkpoint dict (``preset`` tcnn-fashion-small, ``epoch`` 3) of a small ResNet
+    transformed with spread 3 (``attnconv.convert.transform_checkpoint``), as ``attnconv train``
+    would have left it. ``moved``: head ``h`` of transformed layer ``l`` moved by
+    ``(0.1·(l + 1), −0.05·h)`` pixels from its tap, its spread ``3 − 0.1·h`` and its content gate
+    ``0.1·h`` (so trained-looking values that a test can predict); else as transformed (heads on
+    the taps, gates shut)."""
+    from attnconv.convert import transform_checkpoint
+
+    torch.manual_seed(0)
+    arguments = {**TRANSFORMED_BASE, "image_size": image_size}
+    architecture, arguments = preset_arguments("resnet-fashion-small", **arguments)
+    cnn = create_model("resnet-fashion-small", **arguments)
+    base = {"preset": "resnet-fashion-small", "dataset": dataset, "architecture": architecture,
+            "arguments": arguments, "model": cnn.state_dict()}  # fmt: skip
+    checkpoint = transform_checkpoint(base, spread=3.0, preset="tcnn-fashion-small")
+    if moved:
+        model = models_checkpoint.build_model(checkpoint)
+        with torch.no_grad():
+            for index, layer in enumerate(model.transformed_layers().values()):
+                heads = torch.arange(layer.heads, dtype=torch.float32)
+                shift = torch.stack([torch.full_like(heads, 0.1 * (index + 1)), -0.05 * heads], 1)
+                layer.position.centers.copy_(layer.tap_offsets() + shift)
+                layer.position.spread.copy_(3.0 - 0.1 * heads)
+                layer.gate.copy_(0.1 * heads)
+        checkpoint["model"] = model.state_dict()
+    return {**checkpoint, "epoch": 3, "step": 30, "config": {}, "metrics": []}

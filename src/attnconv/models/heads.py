@@ -4,6 +4,10 @@ A head is *degenerate* (the ``quadratic-generalized-pruned`` experiment) when it
 collapsed: its spread (geometric-mean inverse standard deviation, in 1/tokens) is below
 ``min_spread`` (the head averages the whole image almost uniformly), or its covariance
 condition number exceeds ``max_condition`` (the head has degenerated into a line).
+
+A transformed network's heads (``TransformedNetwork``, T-CNN) started on their convolution's
+kernel taps: ``transformed_head_table`` says where each started, where it is now, how far it moved,
+its spread and its content gate, and ``transformed_layer_summary`` the means per layer.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from torch import nn
 from attnconv.attention import MultiHeadSelfAttention2d
 from attnconv.errors import UserError
 from attnconv.models.complexity import count_parameters
+from attnconv.models.transformed import TransformedNetwork
 
 MIN_SPREAD = 0.05
 MAX_CONDITION = 1000.0
@@ -69,6 +74,67 @@ def head_table(
                 }
             )
     return rows
+
+
+def transformed_head_table(model: nn.Module) -> list[dict[str, Any]]:
+    """One row per head of every transformed layer of a ``TransformedNetwork``, in network order:
+    ``layer`` (index among the transformed layers), ``name`` (the layer's module name),
+    ``head``, ``tap_row``/``tap_col`` (the kernel tap the head started on: offset from the query,
+    pixels of the layer's input), ``center_row``/``center_col`` (its centre now, pixels),
+    ``moved`` (``‖centre − tap‖``, pixels), ``spread`` (``|s|``, the inverse standard deviation,
+    1/pixels), ``std`` (``1/|s|``, pixels; ``inf`` for ``s = 0``) and ``gate`` (its share of
+    content attention, in ``[0, 1]``; 0 for layers without content). UserError for another model.
+    """
+    if not isinstance(model, TransformedNetwork):
+        raise UserError(
+            f"{type(model).__name__} is not a transformed network (expected a TransformedNetwork)"
+        )
+    rows = []
+    for index, (name, layer) in enumerate(model.transformed_layers().items()):
+        geometry = layer.head_geometry()
+        taps = layer.tap_offsets().detach().double()
+        centers = geometry["centers"].double()
+        moved = (centers - taps).norm(dim=1)
+        spread = layer.position.spread.detach().double().abs()
+        for head in range(layer.heads):
+            s = float(spread[head])
+            rows.append(
+                {
+                    "layer": index,
+                    "name": name,
+                    "head": head,
+                    "tap_row": int(taps[head, 0]),
+                    "tap_col": int(taps[head, 1]),
+                    "center_row": float(centers[head, 0]),
+                    "center_col": float(centers[head, 1]),
+                    "moved": float(moved[head]),
+                    "spread": s,
+                    "std": 1.0 / s if s > 0 else math.inf,
+                    "gate": float(geometry["gates"][head]),
+                }
+            )
+    return rows
+
+
+def transformed_layer_summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per layer of ``transformed_head_table`` rows: ``layer``, ``name``, ``heads``,
+    ``mean_moved`` (pixels), ``max_moved`` (pixels), ``mean_spread`` (1/pixels) and ``mean_gate``
+    (how much content attention the layer took up, in ``[0, 1]``)."""
+    layers: dict[int, list[dict[str, Any]]] = {}
+    for row in rows:
+        layers.setdefault(row["layer"], []).append(row)
+    return [
+        {
+            "layer": index,
+            "name": heads[0]["name"],
+            "heads": len(heads),
+            "mean_moved": sum(r["moved"] for r in heads) / len(heads),
+            "max_moved": max(r["moved"] for r in heads),
+            "mean_spread": sum(r["spread"] for r in heads) / len(heads),
+            "mean_gate": sum(r["gate"] for r in heads) / len(heads),
+        }
+        for index, heads in sorted(layers.items())
+    ]
 
 
 def find_degenerate_heads(
