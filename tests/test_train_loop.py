@@ -480,6 +480,31 @@ def test_eval_prints_the_accuracy_of_the_checkpoint(finished_run: Path, capsys) 
     assert capsys.readouterr().out == out
 
 
+def test_eval_of_a_transformed_checkpoint_is_its_accuracy(tmp_path, capsys) -> None:
+    """`attnconv eval` of a T-CNN checkpoint (gates open: content attention on) prints the
+    accuracy and loss of the network rebuilt by hand from the checkpoint's arguments."""
+    from attnconv.models.transformed import TransformedNetwork
+    from viz_helpers import transformed_checkpoint
+
+    path = tmp_path / "tcnn.pt"
+    save_checkpoint(transformed_checkpoint(image_size=(8, 8), dataset="digits"), path)
+    assert cli.main(["eval", str(path), "--precision", "fp32"]) == 0
+    out = capsys.readouterr().out
+    checkpoint = torch.load(path, weights_only=True)
+    assert checkpoint["architecture"] == "transformed"
+    model = TransformedNetwork(**checkpoint["arguments"])
+    model.load_state_dict(checkpoint["model"])
+    assert all(layer.gate.max() > 0 for layer in model.transformed_layers().values())
+    test = load_splits("digits").test
+    with torch.no_grad():
+        logits = model.eval()(test.images.float() / 255)
+    correct = int((logits.argmax(dim=1) == test.labels).sum())
+    count = len(test)
+    assert f"accuracy {correct / count:.4f} ({correct}/{count})" in out
+    assert f"loss {F.cross_entropy(logits, test.labels).item():.4f}" in out
+    assert f"{path} (tcnn-fashion-small, epoch 3) on digits test" in out
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [

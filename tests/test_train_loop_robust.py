@@ -148,6 +148,40 @@ def test_a_kill_between_last_and_best_of_the_final_epoch_is_repaired_on_resume(
 # ---------------------------------------------------------------------------- 2. divergence
 
 
+def test_a_transformed_network_fine_tuned_and_killed_mid_epoch_resumes_bit_exactly(
+    tmp_path: Path,
+) -> None:
+    """`train --init` of a small T-CNN (gated content on), SIGKILLed with a mid-epoch last.pt
+    complete under its temporary name: `train --resume` ends with the weights (centres, spreads,
+    gates included) and momentum buffers of the uninterrupted run, bit for bit."""
+    from viz_helpers import transformed_checkpoint
+
+    init = tmp_path / "transformed.pt"
+    save_checkpoint(transformed_checkpoint(image_size=(8, 8), dataset="digits"), init)
+    run = ["--preset", "tcnn-fashion-small", "--init", str(init), "--dataset", "digits",
+           "--epochs", "2", "checkpoint_steps=7", "batch_size=64", *QUIET]  # fmt: skip
+    assert cli.main(["train", "--out", str(tmp_path / "whole"), *run]) == 0
+    killed = tmp_path / "killed"
+    pid = forked(["train", "--out", str(killed), *run], "last.pt", 2, "before")
+    assert exit_status(pid) == -signal.SIGKILL
+    interrupted = load_checkpoint(killed / "checkpoints" / "last.pt")
+    assert (interrupted["epoch"], interrupted["step"]) == (0, 7)  # killed inside epoch 1
+    assert cli.main(["train", "--resume", str(killed)]) == 0
+    ours = load_checkpoint(killed / "checkpoints" / "last.pt")
+    theirs = load_checkpoint(tmp_path / "whole" / "checkpoints" / "last.pt")
+    assert (ours["epoch"], ours["step"]) == (theirs["epoch"], theirs["step"]) == (2, 40)
+    assert ours["model"].keys() == theirs["model"].keys()
+    for key, value in theirs["model"].items():
+        assert torch.equal(ours["model"][key], value), key
+    for a, b in zip(
+        ours["optimizer"]["state"].values(), theirs["optimizer"]["state"].values(), strict=True
+    ):
+        assert torch.equal(a["momentum_buffer"], b["momentum_buffer"])
+    start = load_checkpoint(init)["model"]
+    gates = [key for key in start if key.endswith(".gate")]
+    assert len(gates) == 8 and all(not torch.equal(ours["model"][k], start[k]) for k in gates)
+
+
 def test_a_huge_learning_rate_never_saves_the_diverged_weights(tmp_path: Path, capsys) -> None:
     run_dir = tmp_path / "run"
     assert (
