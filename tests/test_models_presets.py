@@ -39,8 +39,13 @@ FASHION_PRESETS = [
 ]
 
 
+TRANSFORM_PRESETS = ["tcnn-fashion-small", "resnet-fashion-small-continued"]
+
+
 def test_every_preset_is_registered():
-    assert list(PRESETS) == [*PAPER_PRESETS, "quick", *FASHION_PRESETS, "vit-fashion"]
+    assert list(PRESETS) == [
+        *PAPER_PRESETS, "quick", *FASHION_PRESETS, *TRANSFORM_PRESETS, "vit-fashion"
+    ]  # fmt: skip
     assert attnconv.PRESETS is PRESETS and attnconv.create_model is create_model
     for name, preset in PRESETS.items():
         assert preset.name == name and preset.description
@@ -108,6 +113,13 @@ def test_recipes():
     }
     pruned = PRESETS["quadratic-generalized-pruned"]
     assert pruned.requires_init and pruned.recipe == {"lr": 0.01, "epochs": 100}
+    # the transformed CNN and its control fine-tune the same CNN with one recipe
+    tcnn, control = (PRESETS[name] for name in TRANSFORM_PRESETS)
+    assert tcnn.recipe == control.recipe and tcnn.recipe["lr"] < 0.1
+    assert tcnn.requires_init and control.requires_init
+    assert control.init_presets[0] == "resnet-fashion-small"
+    assert control.model_kwargs == PRESETS["resnet-fashion-small"].model_kwargs
+    assert tcnn.model_kwargs["base_arguments"] == control.model_kwargs
     quick = PRESETS["quick"]
     assert quick.dataset == "digits" and quick.recipe["epochs"] <= 30
     assert quick.recipe["batch_size"] <= 128

@@ -153,6 +153,7 @@ class TransformedConv2d(nn.Module):
         self.content, self.qk_dim = bool(content), qk_dim if content else None
         self.content_heads = content_heads if content else None
         self.heads = heads
+        self.start_spread = float(spread)
         # The query of each output pixel sits on its receptive field's centre tap.
         self.anchor = tuple((k - 1) // 2 * d for k, d in zip(kernel, dilation, strict=True))
         self.position = GaussianScore(heads)
@@ -322,9 +323,15 @@ class TransformedConv2d(nn.Module):
 
     def _axis_reach(self, axis: int, dtype: torch.dtype) -> tuple[int, int]:
         """``(lo, hi)``: every offset along ``axis`` (0 rows, 1 columns) where some head's
-        positional weight is at least ``eps(dtype)`` times its peak."""
-        centers = self.position.centers.detach()[:, axis]
-        spread = self.position.spread.detach().abs().clamp_min(1e-6)
+        positional weight is at least ``eps(dtype)`` times its peak (on the meta device, where
+        only shapes exist: of the heads as they started, on the taps with ``start_spread``)."""
+        if self.position.centers.is_meta:  # shapes only (models/complexity.py): as it started
+            taps = torch.arange(self.kernel_size[axis]) * self.dilation[axis] - self.anchor[axis]
+            centers = taps.to(torch.float64)
+            spread = torch.full_like(centers, self.start_spread)
+        else:
+            centers = self.position.centers.detach()[:, axis]
+            spread = self.position.spread.detach().abs().clamp_min(1e-6)
         reach = math.sqrt(-2.0 * math.log(torch.finfo(dtype).eps)) / spread
         return math.ceil(float((centers - reach).min())), math.floor(float((centers + reach).max()))
 
@@ -402,9 +409,12 @@ class TransformedConv2d(nn.Module):
 
     def _content_active(self) -> bool:
         """Whether the content attention must run: the layer has it and either a gate is open
-        or gradients may flow to the gates."""
+        or gradients may flow to the gates (on the meta device, where multiply-adds are counted:
+        always)."""
         if self.gate is None:
             return False
+        if self.gate.is_meta:  # shapes only (models/complexity.py): count what training runs
+            return True
         return torch.is_grad_enabled() or bool((self.gate > 0).any())
 
     def forward(self, x: Tensor) -> Tensor:
