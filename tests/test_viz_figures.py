@@ -194,3 +194,46 @@ def test_pretrained_plot_without_the_dataset_says_why_in_one_line(tmp_path, monk
     assert f"64 test images of fashion-mnist asked for, {shipped} ship with the weights" in err
     assert "dataset-fashion-mnist" in err  # how to get it
     assert not (tmp_path / "out" / "maps_average.png").exists()
+
+
+def test_plot_of_a_transformed_run(tmp_path, capsys):
+    """`attnconv plot` of a T-CNN run folder: contours, gates, distance and trajectories from the
+    kernel taps, and heads.csv / layers.csv holding the heads' geometry and their distances on
+    the first test images of its dataset."""
+    from attnconv.models.checkpoint import build_model
+    from attnconv.models.checkpoint import save_checkpoint as write
+    from attnconv.viz import transformed as tcnn
+    from attnconv.viz.figures import test_images
+    from viz_helpers import transformed_checkpoint
+
+    run = tmp_path / "run"
+    start = transformed_checkpoint(image_size=(8, 8), dataset="digits", moved=False)
+    trained = transformed_checkpoint(image_size=(8, 8), dataset="digits")
+    write({**start, "epoch": 1}, run / "checkpoints" / "epoch_0001.pt")
+    write({**trained, "epoch": 2}, run / "checkpoints" / "epoch_0002.pt")
+    write({**trained, "epoch": 2}, run / "checkpoints" / "last.pt")
+    out = tmp_path / "figures"
+    assert main(["plot", str(run), "--out", str(out), "--images", "5"]) == 0
+    printed = capsys.readouterr().out
+    for name in ("contours", "gates", "distance", "trajectories"):
+        assert (out / f"{name}.png").read_bytes().startswith(b"\x89PNG")
+        assert (out / f"{name}.pdf").read_bytes().startswith(b"%PDF")
+    assert not (out / "maps.png").exists()
+    model = build_model(trained).eval()
+    layers = tcnn.transformed_attention(model, test_images("digits", 5, None)[0])
+    heads = read_csv(out / "heads.csv")
+    expected = tcnn.head_rows(model, layers)
+    assert len(heads) == len(expected) == 8 * 9
+    for row, ref in zip(heads, expected, strict=True):
+        assert (row["name"], int(row["head"])) == (ref["name"], ref["head"])
+        for key in ("moved", "gate", "attention_distance", "attention_distance_image"):
+            assert float(row[key]) == pytest.approx(ref[key], rel=1e-6, abs=1e-9), key
+    layer_table = read_csv(out / "layers.csv")
+    assert [row["input"] for row in layer_table] == ["4x4"] + ["2x2"] * 4 + ["1x1"] * 3
+    assert float(layer_table[0]["mean_gate"]) == pytest.approx(0.4, abs=1e-6)
+    assert "stages.3.1.conv2" in printed and "tap score" in printed
+    assert "averaged over the first 5 test images of digits" in printed
+    capsys.readouterr()
+    assert main(["plot", str(run), "--out", str(out), "--window", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "--window: for the maps of attention models" in err and err.count("\n") == 1

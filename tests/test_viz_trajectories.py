@@ -90,3 +90,34 @@ def test_non_gaussian_run_is_refused(tmp_path):
     save_checkpoint(tmp_path / "checkpoints" / "epoch_0001.pt", model, "learned", config)
     with pytest.raises(ValueError, match="no Gaussian attention centres"):
         load_center_trajectories(tmp_path)
+
+
+def test_starts_are_squares_each_head_line_leaves_from(tmp_path):
+    expected = write_epochs(tmp_path, [1, 2])
+    traj = load_center_trajectories(tmp_path)
+    starts = [np.arange(6, dtype=float).reshape(3, 2) + 10 * layer for layer in range(2)]
+    fig = trajectory_figure(traj, starts=starts, unit="pixels", layer_titles=["a", "b"])
+    for layer, ax in enumerate(fig.axes[:2]):
+        assert ax.get_title() == "ab"[layer] and ax.get_xlabel() == "column offset (pixels)"
+        lines = {line.get_gid(): line for line in ax.lines if line.get_gid()}
+        for head in range(3):
+            row, col = starts[layer][head]
+            start = lines[f"layer{layer}-start{head}"]
+            assert (start.get_marker(), start.get_xdata()[0], start.get_ydata()[0]) == (
+                "s", col, row
+            )  # fmt: skip
+            # the head's own line is still its epochs' centres, the start dotted to the first
+            line = lines[f"layer{layer}-head{head}"]
+            np.testing.assert_allclose(line.get_xdata(), expected[layer][:, head, 1])
+            (dotted,) = [
+                other for other in ax.lines
+                if other.get_linestyle() == ":" and other.get_xdata()[0] == col
+                and other.get_ydata()[0] == row
+            ]  # fmt: skip
+            assert (dotted.get_xdata()[1], dotted.get_ydata()[1]) == (
+                expected[layer][0, head, 1], expected[layer][0, head, 0]
+            )  # fmt: skip
+    # the axes reach every start (the largest, 15, plus the margin)
+    assert fig.axes[0].get_xlim()[1] == pytest.approx(15.7)
+    with pytest.raises(ValueError, match=r"one \(heads, 2\) array per layer"):
+        trajectory_figure(traj, starts=starts[:1])

@@ -1,5 +1,6 @@
 """``attnconv plot CHECKPOINT|--pretrained NAME --out DIR``: every attention figure of a model,
-PNG and PDF."""
+PNG and PDF; for a transformed network (T-CNN) its heads' contours from a query with their start
+taps, content gates, attention distance by depth and centre trajectories."""
 
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         nargs=2,
         metavar=("ROW", "COL"),
-        help="query token (default: the centre of the token grid)",
+        help="query token (default: the centre of the token grid); for a transformed network "
+        "an image pixel, each layer's query the output pixel nearest it",
     )
     parser.add_argument(
         "--window",
@@ -34,7 +36,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--images",
         type=int,
-        help=f"models with content scores: average over this many test images (default: {DEFAULT_IMAGES}; "
+        help=f"models with content scores and transformed networks: average over this many test images (default: {DEFAULT_IMAGES}; "
         "with --pretrained the 8 shipped with the weights, and more are read from --data-dir or "
         "an installed copy of the dataset)",
     )

@@ -4,8 +4,11 @@ Figures (``attnconv plot``): ``contour_figure`` (probability-mass contours per h
 ``map_grid_figure`` (layer × head attention maps), ``distance_figure`` (attention distance),
 ``trajectory_figure`` (Gaussian centres over training), ``report_figure`` (accuracy of several
 runs, ``attnconv report``). Computations: ``compute_attention``, ``mass_region``,
-``attention_distance``, ``uniform_distance``, ``load_center_trajectories``, ``load_run``. The
-explorer (``attnconv explore``): ``write_site``. ``attention_figure(model, image_size)`` is the
+``attention_distance``, ``uniform_distance``, ``load_center_trajectories``, ``load_run``. A
+transformed network (T-CNN, ``viz.transformed``): ``transformed_attention`` and
+``gaussian_attention`` (each layer's attention on its own query and key grids),
+``transformed_contour_figure``, ``gate_figure``, ``transformed_distance_figure``, and
+``plot_transformed`` for all of them. The explorer (``attnconv explore``): ``write_site``. ``attention_figure(model, image_size)`` is the
 figure the training loop logs to TensorBoard.
 
 Names are loaded on first use, so importing ``attnconv.viz`` does not import matplotlib.
@@ -38,8 +41,15 @@ _EXPORTS = {
     "summary_row": "report",
     "format_summary_table": "report",
     "report_figure": "report",
+    "LayerAttention": "transformed",
+    "transformed_attention": "transformed",
+    "gaussian_attention": "transformed",
+    "transformed_contour_figure": "transformed",
+    "gate_figure": "transformed",
+    "transformed_distance_figure": "transformed",
     "attention_figure": "figures",
     "plot_checkpoint": "figures",
+    "plot_transformed": "figures",
     "write_site": "export",
     "save_figure": "style",
 }

@@ -15,6 +15,7 @@ import math
 from collections.abc import Sequence
 
 import numpy as np
+from matplotlib.axes import Axes
 from matplotlib.collections import LineCollection
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
@@ -125,52 +126,17 @@ def contour_figure(
     anchors: list[list[HeadAnchor]] = []
     for layer, layer_maps in enumerate(per_layer):
         ax = axes[layer]
-        ax.add_collection(token_grid_lines(h, w))
-        ax.plot(query[1], query[0], zorder=7, **QUERY_MARKER)
-        layer_anchors, diffuse = [], []
-        for head in range(layer_maps.shape[0]):
-            values = _as_array(layer_maps[head])
-            color = palette_color(head)
-            drawn = []
-            for mass, style in zip(masses, LINESTYLES, strict=False):
-                region = mass_region(values, mass)
-                if not is_concentrated(region, mass, max_area):
-                    continue
-                lines = LineCollection(
-                    region_outline(region),
-                    colors=color,
-                    linestyles=style,
-                    linewidths=2.0 if mass == masses[0] else 1.3,
-                    zorder=4,
-                )
-                lines.set_gid(f"layer{layer}-head{head}-mass{mass:g}")
-                ax.add_collection(lines)
-                drawn.append(region)
-            if not drawn:
-                diffuse.append(head)
-                continue
-            peak = np.unravel_index(np.argmax(values), values.shape)
-            layer_anchors.append(HeadAnchor(head, float(peak[1]), float(peak[0])))
+        layer_anchors, diffuse, _ = draw_head_contours(  # every map of a layer holds mass
+            ax, layer_maps, query, masses, max_area, f"layer{layer}-"
+        )
         anchors.append(layer_anchors)
-        ax.set_xlim(-0.5, w - 0.5)
-        ax.set_ylim(h - 0.5, -0.5)
-        ax.set_aspect("equal")
         panel = f"layer {layer}"
         if diffuse:
             panel += f"\nnot drawn (diffuse): {_heads_text(diffuse)}"
         ax.set_title(panel, fontsize=9)
         ax.set_xlabel("column (token)", fontsize=8)
         ax.set_ylabel("row (token)", fontsize=8)
-        ax.tick_params(labelsize=7)
-    heads = max(m.shape[0] for m in per_layer)
-    handles = [
-        Line2D([], [], color=palette_color(k), linewidth=2, label=f"head {k}") for k in range(heads)
-    ]
-    handles += [
-        Line2D([], [], color="0.3", linestyle=style, label=f"{mass:.0%} of the mass")
-        for mass, style in zip(masses, LINESTYLES, strict=False)
-    ]
-    handles.append(Line2D([], [], label="query token", **QUERY_MARKER))
+    handles = legend_handles(max(m.shape[0] for m in per_layer), masses, "query token")
     fig.legend(
         handles=handles,
         loc="outside lower center",
@@ -192,6 +158,71 @@ def contour_figure(
         ],
     )
     return fig
+
+
+def draw_head_contours(
+    ax: Axes,
+    layer_maps: Tensor,
+    query: tuple[float, float],
+    masses: Sequence[float] = MASSES,
+    max_area: float = MAX_AREA,
+    gid_prefix: str = "",
+) -> tuple[list[HeadAnchor], list[int], list[int]]:
+    """Onto ``ax``: the thin grid of the ``(heads, h, w)`` maps' pixels, the query marker at
+    ``query = (row, col)`` and every head's concentrated ``masses`` regions outlined (head ``h``
+    in ``palette_color(h)``, the i-th mass in ``LINESTYLES[i]``; gid
+    ``"{gid_prefix}head{h}-mass{m}"``), limits on the grid. Returns the anchors of the drawn heads'
+    numbers (at each one's peak), the heads left out as diffuse and those left out because their
+    map holds no mass (a transformed layer's head whose attention is all on the padding)."""
+    h, w = layer_maps.shape[1:]
+    ax.add_collection(token_grid_lines(h, w))
+    ax.plot(query[1], query[0], zorder=7, **QUERY_MARKER)
+    anchors, diffuse, empty = [], [], []
+    for head in range(layer_maps.shape[0]):
+        values = _as_array(layer_maps[head])
+        if not values.sum() > 0:
+            empty.append(head)
+            continue
+        color = palette_color(head)
+        drawn = []
+        for mass, style in zip(masses, LINESTYLES, strict=False):
+            region = mass_region(values, mass)
+            if not is_concentrated(region, mass, max_area):
+                continue
+            lines = LineCollection(
+                region_outline(region),
+                colors=color,
+                linestyles=style,
+                linewidths=2.0 if mass == masses[0] else 1.3,
+                zorder=4,
+            )
+            lines.set_gid(f"{gid_prefix}head{head}-mass{mass:g}")
+            ax.add_collection(lines)
+            drawn.append(region)
+        if not drawn:
+            diffuse.append(head)
+            continue
+        peak = np.unravel_index(np.argmax(values), values.shape)
+        anchors.append(HeadAnchor(head, float(peak[1]), float(peak[0])))
+    ax.set_xlim(-0.5, w - 0.5)
+    ax.set_ylim(h - 0.5, -0.5)
+    ax.set_aspect("equal")
+    ax.tick_params(labelsize=7)
+    return anchors, diffuse, empty
+
+
+def legend_handles(heads: int, masses: Sequence[float], query: str) -> list[Line2D]:
+    """The legend of a contour figure: a line per head colour, one per mass's line style, and the
+    query marker (labelled ``query``)."""
+    handles = [
+        Line2D([], [], color=palette_color(k), linewidth=2, label=f"head {k}") for k in range(heads)
+    ]
+    handles += [
+        Line2D([], [], color="0.3", linestyle=style, label=f"{mass:.0%} of the mass")
+        for mass, style in zip(masses, LINESTYLES, strict=False)
+    ]
+    handles.append(Line2D([], [], label=query, **QUERY_MARKER))
+    return handles
 
 
 def token_grid_lines(h: int, w: int) -> LineCollection:

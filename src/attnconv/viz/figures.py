@@ -7,11 +7,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from matplotlib.figure import Figure
 from torch import Tensor, nn
 
 from attnconv.errors import UserError
+from attnconv.models.transformed import TransformedNetwork
 from attnconv.runs import RunDir
 from attnconv.viz.contours import contour_figure
 from attnconv.viz.distance import add_distances, distance_figure, format_head_table, layer_distances
@@ -24,6 +26,7 @@ from attnconv.viz.maps import (
 )
 from attnconv.viz.style import save_figure
 from attnconv.viz.trajectories import load_center_trajectories, trajectory_figure
+from attnconv.viz.transformed import LayerAttention
 
 # Grey level of the uniform probe image used for content models when no images are given.
 PROBE_GREY = 0.5
@@ -92,14 +95,15 @@ def test_images(
 @dataclass
 class PlotResult:
     """What ``plot_checkpoint`` wrote: the figure files, the head table rows and its text, the
-    attention the distances were computed from (for content models, averaged over images), and
-    why a figure the model could have was not drawn (one line each), and for content models
-    where their test images came from."""
+    attention the distances were computed from (for content models, averaged over images; for a
+    transformed network one ``LayerAttention`` per transformed layer), and why a figure the model
+    could have was not drawn (one line each), and for content models where their test images came
+    from."""
 
     files: list[Path]
     heads: list[dict[str, Any]]
     table: str
-    maps: AttentionMaps
+    maps: AttentionMaps | list[LayerAttention]
     not_drawn: list[str]
     image_source: str | None = None
 
@@ -117,11 +121,26 @@ def plot_checkpoint(
     """Write every figure of a checkpoint (or run folder) into ``out_dir`` as PNG and PDF
     (``plot_model``). Models with content scores use the first ``max(num_images, image_index + 1)``
     test images of the checkpoint's dataset; Gaussian models of a run folder with
-    ``checkpoints/epoch_*.pt`` also get their centres' trajectories."""
+    ``checkpoints/epoch_*.pt`` also get their centres' trajectories. A transformed network gets
+    ``plot_transformed``'s figures (``window`` and ``scale``, of the maps it does not get, and
+    ``image_index`` are refused), its distances over the first ``num_images`` test images."""
     from attnconv.models.checkpoint import load_model
 
     path = checkpoint_path(path)
     model, checkpoint = load_model(path)
+    if isinstance(model, TransformedNetwork):
+        _check_transformed_options(window, scale, image_index)
+        images, _ = test_images(checkpoint["dataset"], num_images, data_dir)
+        result = plot_transformed(
+            model,
+            out_dir,
+            f"{checkpoint['preset']}, epoch {checkpoint.get('epoch', '?')}",
+            images,
+            query,
+            RunDir.of_checkpoint(path),
+        )
+        result.image_source = f"the first {num_images} test images of {checkpoint['dataset']}"
+        return result
     if not hasattr(model, "attention_layers"):
         raise UserError(f"{str(path)!r} holds a {type(model).__name__}, which has no attention")
     images = labels = source = None
@@ -298,6 +317,12 @@ def plot_pretrained(
     from attnconv.models.pretrained import load_pretrained
 
     model = load_pretrained(name)
+    if isinstance(model, TransformedNetwork):
+        _check_transformed_options(window, scale, image_index)
+        images, _, source = pretrained_images(name, num_images, 0, data_dir)
+        result = plot_transformed(model, out_dir, f"{name} (shipped)", images, query)
+        result.image_source = source
+        return result
     images = labels = source = None
     if hasattr(model, "attention_layers") and not is_position_only(model):
         images, labels, source = pretrained_images(name, num_images, image_index, data_dir)
@@ -315,6 +340,94 @@ def plot_pretrained(
     )
     result.image_source = source
     return result
+
+
+def _check_transformed_options(window: int | None, scale: str, image_index: int) -> None:
+    """UserError for the options of figures a transformed network does not get."""
+    given = [
+        option
+        for option, value in (
+            ("--window", window is not None),
+            ("--scale", scale != "map"),
+            ("--image-index", image_index != 0),
+        )
+        if value
+    ]
+    if given:
+        raise UserError(
+            f"{', '.join(given)}: for the maps of attention models; a transformed network gets "
+            f"contours, gates, distances and trajectories, leave {'it' if len(given) == 1 else 'them'}"
+            f" out"
+        )
+
+
+def plot_transformed(
+    model: TransformedNetwork,
+    out_dir: str | Path,
+    name: str,
+    images: Tensor,
+    query: tuple[int, int] | None = None,
+    run: RunDir | None = None,
+) -> PlotResult:
+    """Write the figures of a transformed network (T-CNN) into ``out_dir``, PNG and PDF:
+    ``contours`` (each transformed layer's Gaussian heads from the output pixel nearest image
+    pixel ``query``, default the centre, their start taps marked), ``gates`` (content gates,
+    layer × head, and each layer's mean), ``distance`` (attention distance by depth, content on,
+    averaged over ``images`` ``(B, C, H, W)`` in ``[0, 1]``), ``trajectories`` (the heads' centres
+    over the ``checkpoints/epoch_*.pt`` of the run folder ``run``, from their kernel taps, when
+    there are any), ``heads.csv`` and ``layers.csv`` (``viz.transformed.head_rows`` and
+    ``layer_rows``). The table is the per-layer one."""
+    from attnconv.viz import transformed as tcnn
+
+    out = Path(out_dir)
+    layers = tcnn.transformed_attention(model, images)
+    files = save_figure(tcnn.transformed_contour_figure(tcnn.gaussian_attention(model), query),
+                        out, "contours")  # fmt: skip
+    files += save_figure(
+        tcnn.gate_figure(model, f"Content gates of {name}: each head's share of content attention"),
+        out,
+        "gates",
+    )
+    files += save_figure(
+        tcnn.transformed_distance_figure(
+            layers, f"Attention distance per head and transformed layer\n{name} "
+            f"({layers[0].description}; rows renormalised over the image)",
+        ),
+        out,
+        "distance",
+    )  # fmt: skip
+    not_drawn = []
+    if run is not None and run.epoch_checkpoints():
+        trajectories = load_center_trajectories(run.root)
+        named = list(model.transformed_layers())
+        if trajectories.layer_names == [f"network.{n}.position.centers" for n in named]:
+            starts = [layer.tap_offsets().detach().double().cpu().numpy()
+                      for layer in model.transformed_layers().values()]  # fmt: skip
+            moves = [np.linalg.norm(centers[-1] - start, axis=1).max()
+                     for centers, start in zip(trajectories.centers, starts, strict=True)]  # fmt: skip
+            figure = trajectory_figure(
+                trajectories,
+                f"Centres of the transformed layers' heads over training, from their kernel taps "
+                f"(epochs {trajectories.epochs[0]}–{trajectories.epochs[-1]})",
+                starts,
+                "pixels",
+                [f"{i}: {named[i]}\nlargest move {m:.3g} px" for i, m in enumerate(moves)],
+            )
+            files += save_figure(figure, out, "trajectories")
+        else:
+            not_drawn.append(
+                f"trajectories: the checkpoints of {run.root} hold other layers than this one"
+            )
+    elif run is not None:
+        not_drawn.append(
+            f"trajectories: {run.checkpoints} has no epoch_*.pt; train with "
+            "checkpoint_every=1 to keep the centres of every epoch"
+        )
+    heads = tcnn.head_rows(model, layers)
+    layer_table = tcnn.layer_rows(model, layers)
+    files.append(write_csv(heads, out / "heads.csv"))
+    files.append(write_csv(layer_table, out / "layers.csv"))
+    return PlotResult(files, heads, tcnn.format_layer_table(layer_table), layers, not_drawn)
 
 
 def _head_rows(model: nn.Module) -> list[dict[str, Any]]:

@@ -92,19 +92,27 @@ def tap_mass(probs: Tensor, grid: tuple[int, int], kernel_size: int) -> Tensor:
     return mass
 
 
+def assign_taps(mass: Tensor) -> tuple[float, float, tuple[int, ...]]:
+    """``(score, coverage, assignment)`` of a tap mass ``(heads, taps)`` (each head's attention on
+    each tap): the best one-to-one assignment of taps to heads (the Hungarian algorithm), its
+    score ``(1/taps) Σ_t m_{σ(t)}(t)`` (a tap without a head counts as zero), the fraction of taps
+    some head puts at least ``COVERED_MASS`` on, and the head of each tap (``-1``: none)."""
+    taps = mass.double().cpu().numpy()
+    head_index, tap_index = linear_sum_assignment(taps, maximize=True)
+    assignment = np.full(taps.shape[1], -1, dtype=int)
+    assignment[tap_index] = head_index
+    score = float(taps[head_index, tap_index].sum()) / taps.shape[1]
+    coverage = float((taps >= COVERED_MASS).any(axis=0).mean())
+    return score, coverage, tuple(int(a) for a in assignment)
+
+
 def grid_score(probs: Tensor, grid: tuple[int, int], kernel_size: int | None = None) -> GridScore:
     """The grid score of one layer's ``(heads, N, N)`` probabilities (module docstring)."""
     heads = probs.shape[0]
     k = default_kernel_size(heads) if kernel_size is None else int(kernel_size)
     mass = tap_mass(probs, grid, k)
-    taps = mass.reshape(heads, k * k).numpy()
-    head_index, tap_index = linear_sum_assignment(taps, maximize=True)
-    assignment = np.full(k * k, -1, dtype=int)
-    assignment[tap_index] = head_index
-    # With fewer heads than taps some taps stay unassigned and count as zero.
-    score = float(taps[head_index, tap_index].sum()) / (k * k)
-    coverage = float((taps >= COVERED_MASS).any(axis=0).mean())
-    return GridScore(k, score, coverage, mass.float(), tuple(int(a) for a in assignment))
+    score, coverage, assignment = assign_taps(mass.reshape(heads, k * k))
+    return GridScore(k, score, coverage, mass.float(), assignment)
 
 
 def layer_grid_scores(maps: AttentionMaps, kernel_size: int | None = None) -> list[GridScore]:

@@ -6,6 +6,7 @@ no model is rebuilt and the rest of each checkpoint stays on disk.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -88,26 +89,51 @@ def load_center_trajectories(run_dir: str | Path) -> CenterTrajectories:
     )
 
 
-def trajectory_figure(trajectories: CenterTrajectories, title: str | None = None) -> Figure:
+def trajectory_figure(
+    trajectories: CenterTrajectories,
+    title: str | None = None,
+    starts: Sequence[np.ndarray] | None = None,
+    unit: str = "tokens",
+    layer_titles: Sequence[str] | None = None,
+) -> Figure:
     """One panel per layer: each head's centre ``Δ`` over the epochs, relative to the query.
 
     One panel per layer (``style.panel_grid``). Head ``h`` is a line in ``palette_color(h)``
     through its centres (column offset on x, row offset on y, rows downward), an open circle at the
     first epoch and a filled one at the last, where its number stands (``labels.place_head_labels``:
     beside it when numbers would overlap); the query token is the black X at the origin. Each
-    head's line has gid ``"layer{l}-head{h}"``.
+    head's line has gid ``"layer{l}-head{h}"``. ``starts``: per layer ``(heads, 2)``, where the
+    heads started before the first epoch (a transformed network's kernel taps), each a hollow
+    square (gid ``"layer{l}-start{h}"``) that the head's line starts from. ``unit``: of the
+    offsets, in the axis labels; ``layer_titles``: the panels' titles (default ``"layer l"``).
     """
     layers = len(trajectories.centers)
+    shapes = [c.shape[1:] for c in trajectories.centers]
+    if starts is not None and [s.shape for s in starts] != shapes:
+        raise ValueError("starts must hold one (heads, 2) array per layer of the trajectories")
+    paths = [
+        centers if starts is None else np.concatenate([starts[layer][None], centers])
+        for layer, centers in enumerate(trajectories.centers)
+    ]
     rows, columns = panel_grid(layers)
     fig = new_figure(3.4 * columns, 3.5 * rows + 0.9)
     axes = panel_axes(fig, layers)
-    extent = max(1.5, float(max(np.abs(c).max() for c in trajectories.centers)) + 0.7)
-    for layer, centers in enumerate(trajectories.centers):
+    extent = max(1.5, float(max(np.abs(c).max() for c in paths)) + 0.7)
+    for layer, centers in enumerate(paths):
         ax = axes[layer]
         ax.plot(0, 0, zorder=2, **QUERY_MARKER)
         for head in range(centers.shape[1]):
             color = palette_color(head)
             row, col = centers[:, head, 0], centers[:, head, 1]
+            if starts is not None:  # the start, dotted to the first epoch's centre
+                (tap_row, tap_col), row, col = centers[0, head], row[1:], col[1:]
+                ax.plot([tap_col, col[0]], [tap_row, row[0]], color=color, linewidth=1.0,
+                        linestyle=":", zorder=3)  # fmt: skip
+                (start,) = ax.plot(
+                    tap_col, tap_row, "s", markerfacecolor="none", markeredgecolor=color,
+                    markersize=END_MARKER, zorder=4,
+                )  # fmt: skip
+                start.set_gid(f"layer{layer}-start{head}")
             (line,) = ax.plot(
                 col, row, color=color, linewidth=1.5, marker=".", markersize=4, zorder=3
             )
@@ -129,9 +155,9 @@ def trajectory_figure(trajectories: CenterTrajectories, title: str | None = None
         ax.set_xticks(ticks, minor=True)
         ax.set_yticks(ticks, minor=True)
         ax.grid(which="both", color="0.9", linewidth=0.5)
-        ax.set_title(f"layer {layer}", fontsize=10)
-        ax.set_xlabel("column offset (tokens)", fontsize=8)
-        ax.set_ylabel("row offset (tokens)", fontsize=8)
+        ax.set_title(layer_titles[layer] if layer_titles else f"layer {layer}", fontsize=10)
+        ax.set_xlabel(f"column offset ({unit})", fontsize=8)
+        ax.set_ylabel(f"row offset ({unit})", fontsize=8)
         ax.tick_params(labelsize=7)
     handles = [
         Line2D(
@@ -153,7 +179,15 @@ def trajectory_figure(trajectories: CenterTrajectories, title: str | None = None
         ),
         Line2D([], [], label="query token", **QUERY_MARKER),
     ]
-    fig.legend(handles=handles, loc="outside lower center", ncol=3, fontsize=8, frameon=False)
+    if starts is not None:
+        handles.insert(
+            0,
+            Line2D([], [], marker="s", markerfacecolor="none", markeredgecolor="0.3",
+                   linestyle="none", label="start (kernel tap)"),
+        )  # fmt: skip
+    fig.legend(
+        handles=handles, loc="outside lower center", ncol=len(handles), fontsize=8, frameon=False
+    )
     fig.suptitle(
         title
         or f"Gaussian attention centres over training, epochs "
