@@ -190,3 +190,28 @@ def test_choose_spread_takes_the_smallest_that_keeps_the_accuracy():
 
 def test_public_name():
     assert attnconv.transform is transform
+
+
+def test_attention_lr_scale_multiplies_only_the_parameters_the_transform_added():
+    from attnconv.train.config import TrainConfig
+    from attnconv.train.loop import Trainer
+
+    _, checkpoint = small_cnn()
+    model = build_model(transform_checkpoint(checkpoint, spread=3.0))
+    trainer = Trainer.__new__(Trainer)  # only the optimizer's set-up is exercised
+    trainer.model = model
+    names = {id(p): n for n, p in model.named_parameters()}
+    added = set(model.transform_parameters())
+    assert "network.stages.3.1.conv2.gate" in added
+    assert "network.stages.3.1.conv2.weight" not in added  # the CNN's own kernel
+    for scale in (1.0, 10.0):
+        trainer.config = TrainConfig("tcnn-fashion-small", "fashion-mnist", attention_lr_scale=scale)
+        optimizer = trainer._build_optimizer()
+        groups = optimizer.param_groups
+        assert len(groups) == (2 if scale == 1.0 else 4)
+        assert sum(len(g["params"]) for g in groups) == len(names)
+        for group in (g for g in groups if g["params"]):
+            inside = {names[id(p)] in added for p in group["params"]}
+            assert inside == {group["lr_scale"] != 1.0} or scale == 1.0
+            if scale != 1.0:
+                assert group["lr_scale"] == (scale if inside == {True} else 1.0)

@@ -1,6 +1,7 @@
 """``attnconv explore (CHECKPOINT | --pretrained NAME|all) [--add DIR ...] --out SITE_DIR``: the
 interactive attention explorer, a static site (one page, a model switcher when it holds several
-models). ``--add`` puts the models of ``attnconv analyze`` folders (timm and torchvision vision
+models). A transformed network (T-CNN) shows each transformed layer's heads over that layer's
+input, from the output pixel nearest the clicked one. ``--add`` puts the models of ``attnconv analyze`` folders (timm and torchvision vision
 transformers among them) on the same page."""
 
 from __future__ import annotations
@@ -64,16 +65,18 @@ def checkpoint_entries(args: argparse.Namespace) -> tuple[list, dict[str, str]]:
     """The one model of a checkpoint, as a ``SiteModel``."""
     from attnconv.models import PRESETS
     from attnconv.models.checkpoint import load_model
+    from attnconv.models.transformed import TransformedNetwork
     from attnconv.viz.export import SiteModel
     from attnconv.viz.figures import checkpoint_path, test_images
     from attnconv.viz.maps import is_position_only
 
     path = checkpoint_path(args.checkpoint)
     model, checkpoint = load_model(path)
-    if not hasattr(model, "attention_layers"):
+    transformed = isinstance(model, TransformedNetwork)
+    if not transformed and not hasattr(model, "attention_layers"):
         raise UserError(f"{str(path)!r} holds a {type(model).__name__}, which has no attention")
     images = labels = None
-    if not is_position_only(model):
+    if transformed or not is_position_only(model):
         count = IMAGES if args.images is None else args.images
         images, labels = test_images(checkpoint["dataset"], count, args.data_dir)
     elif args.images is not None or args.data_dir is not None:
@@ -88,7 +91,8 @@ def checkpoint_entries(args: argparse.Namespace) -> tuple[list, dict[str, str]]:
         image_size=tuple(model.image_size),
         description=PRESETS[preset].description if preset in PRESETS else "",
         dataset=checkpoint["dataset"],
-        meta={"epoch": checkpoint["epoch"], "checkpoint": path.name},
+        meta={**({"epoch": checkpoint["epoch"]} if "epoch" in checkpoint else {}),
+              "checkpoint": path.name},  # fmt: skip (attnconv transform's has no epoch)
         images=images,
         labels=labels,
         average_images=images,
@@ -106,6 +110,7 @@ def pretrained_entries(args: argparse.Namespace) -> tuple[list, dict[str, str]]:
         pretrained_models,
         sample_images,
     )
+    from attnconv.models.transformed import TransformedNetwork
     from attnconv.viz.export import SiteModel
 
     folder = args.weights_dir or WEIGHTS_DIR
@@ -118,7 +123,7 @@ def pretrained_entries(args: argparse.Namespace) -> tuple[list, dict[str, str]]:
     entries, skipped, samples = [], {}, {}
     for info in infos:
         model = load_pretrained(info.name, folder)
-        if not hasattr(model, "attention_layers"):
+        if not hasattr(model, "attention_layers") and not isinstance(model, TransformedNetwork):
             skipped[info.name] = f"a {type(model).__name__}: no attention layers"
             continue
         if info.dataset not in samples:

@@ -189,12 +189,14 @@ def run(args: argparse.Namespace) -> int:
     if args.batch_size < 1:
         raise UserError(f"--batch-size must be >= 1, got {args.batch_size}")
     corruptions = _corruptions(args.corruptions)
+    out = Path(args.out)
+    if not out.parent.is_dir():  # said now, not after an hour of measuring
+        raise UserError(f"--out {out}: the folder {out.parent} does not exist")
     device = select_device(args.device)
     models = _load_models(args, device)
     accuracy = measure(models, corruptions, args.images, args.data_dir, args.batch_size, device)
     print(f"Fashion-MNIST test accuracy (%), first {args.images} images, float32 on {device}:")
     print(format_table(accuracy))
-    out = Path(args.out)
     write_csv(accuracy, args.images, out)
     print(f"wrote {out}")
     return 0

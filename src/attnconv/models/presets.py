@@ -148,7 +148,9 @@ TCNN_FASHION_LAYERS = tuple(
 TCNN_FASHION_SPREAD = 3.0
 """The spread ``tcnn-fashion-small`` starts from: see docs/transform.md (``attnconv transform``
 measures the smallest one that keeps the validation accuracy)."""
-_TCNN_RECIPE: dict[str, Any] = {"lr": 0.01, "epochs": 20, "warmup_fraction": 0.05}
+_TCNN_RECIPE: dict[str, Any] = {
+    "lr": 0.01, "epochs": 20, "warmup_fraction": 0.05, "attention_lr_scale": 10.0
+}
 
 PRESETS: dict[str, Preset] = {
     preset.name: preset

@@ -143,6 +143,20 @@ class TransformedNetwork(nn.Module):
             if isinstance(module, TransformedConv2d)
         }
 
+    def transform_parameters(self) -> list[str]:
+        """Names of the parameters the transform added or freed: each transformed layer's head
+        geometry (centres, spreads), content gates, queries and keys (not its kernel and bias,
+        the CNN's own weights); ``TrainConfig.attention_lr_scale`` multiplies their rate."""
+        names = []
+        for name, layer in self.transformed_layers().items():
+            own = ("position.centers", "position.spread", "gate", "query", "key")
+            names += [
+                f"network.{name}.{key}"
+                for key, _ in layer.named_parameters()
+                if key.startswith(own)
+            ]
+        return names
+
     def extra_repr(self) -> str:
         return (
             f"base={self.base!r}, layers={len(self.layer_names)}, spread={self.spread:g}, "

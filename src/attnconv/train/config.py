@@ -55,7 +55,10 @@ class TrainConfig:
     rate by 10 (only for that schedule); ``pad``: the random-crop padding in pixels, ``None`` for
     ``⌈H / 8⌉`` (4 for CIFAR's 32×32 as in the paper, 1 for the 8×8 digits); ``val_size`` a count
     of images (int) or a fraction of the training set (float), ``None`` for the dataset's default;
-    ``grad_clip`` the largest gradient norm (``None``: no clipping); ``decay_exempt`` which
+    ``grad_clip`` the largest gradient norm (``None``: no clipping); ``attention_lr_scale`` the
+    factor on the learning rate of the parameters a transform adds to a network (head geometry,
+    content gates, queries and keys: the model's ``transform_parameters()``; models without them
+    ignore it), which start where the CNN left them no gradient to speak of; ``decay_exempt`` which
     parameters train without weight decay (``attnconv.models.decay``: ``"original"``, the paper's
     code, exempts only the Gaussian centres and spreads; configs saved before this setting
     existed resume with ``"norms-biases-positional"``, the rule they ran with); ``progress``: a progress bar
@@ -76,6 +79,7 @@ class TrainConfig:
     optimizer: str = "sgd"
     momentum: float = 0.9
     weight_decay: float = 1e-4
+    attention_lr_scale: float = 1.0
     decay_exempt: str = "original"
     schedule: str = "cosine"
     warmup_fraction: float = 0.05
@@ -126,7 +130,8 @@ OPTIMIZERS: tuple[str, ...] = ("sgd", "adamw")
 CONFIG_KEYS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(TrainConfig) if f.name != "model")
 # Keys a preset's recipe may set: how to train, not where or on what.
 RECIPE_KEYS: tuple[str, ...] = (
-    "epochs", "batch_size", "lr", "optimizer", "momentum", "weight_decay", "decay_exempt", "schedule",
+    "epochs", "batch_size", "lr", "optimizer", "momentum", "weight_decay", "attention_lr_scale",
+    "decay_exempt", "schedule",
     "warmup_fraction", "milestones", "grad_clip", "pad", "val_size",
 )
 _HINTS = typing.get_type_hints(TrainConfig)
@@ -271,6 +276,8 @@ def check_config(config: TrainConfig) -> None:
          f"unknown optimizer {config.optimizer!r}; valid optimizers: {', '.join(OPTIMIZERS)}")
     need(0 <= config.momentum < 1, f"momentum must be in [0, 1), got {config.momentum}")
     need(config.weight_decay >= 0, f"weight_decay must be >= 0, got {config.weight_decay}")
+    need(config.attention_lr_scale > 0,
+         f"attention_lr_scale must be > 0, got {config.attention_lr_scale}")
     need(config.decay_exempt in DECAY_EXEMPTIONS,
          f"unknown decay_exempt {config.decay_exempt!r}; valid: {', '.join(DECAY_EXEMPTIONS)}")
     need(config.schedule in SCHEDULES,

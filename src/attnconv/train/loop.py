@@ -460,15 +460,24 @@ class Trainer:
         return model, architecture, {**arguments, "heads": list(summary.heads)}
 
     def _build_optimizer(self) -> torch.optim.Optimizer:
+        """SGD or AdamW over two groups, with and without weight decay; with
+        ``attention_lr_scale ≠ 1`` and a model that has ``transform_parameters()``, those
+        parameters form groups of their own whose ``lr_scale`` multiplies the schedule's rate."""
         no_decay = self.model.no_weight_decay_parameters(self.config.decay_exempt)
         named = list(self.model.named_parameters())
-        groups = [
-            {
-                "params": [p for n, p in named if n not in no_decay],
-                "weight_decay": self.config.weight_decay,
-            },
-            {"params": [p for n, p in named if n in no_decay], "weight_decay": 0.0},
-        ]
+        scaled: set[str] = set()
+        if self.config.attention_lr_scale != 1 and hasattr(self.model, "transform_parameters"):
+            scaled = set(self.model.transform_parameters())
+        groups = []
+        for names, scale in ((scaled, self.config.attention_lr_scale), (None, 1.0)):
+            chosen = [(n, p) for n, p in named if (n in scaled) == (names is not None)]
+            for decays in (True, False):
+                params = [p for n, p in chosen if (n not in no_decay) == decays]
+                if names is not None and not params:
+                    continue
+                weight_decay = self.config.weight_decay if decays else 0.0
+                groups.append({"params": params, "weight_decay": weight_decay, "lr_scale": scale})
+        groups.sort(key=lambda group: group["lr_scale"] != 1.0)  # the plain groups first
         if self.config.optimizer == "adamw":
             return torch.optim.AdamW(groups, lr=self.config.lr, betas=(self.config.momentum, 0.999))
         return torch.optim.SGD(groups, lr=self.config.lr, momentum=self.config.momentum)
@@ -690,7 +699,7 @@ class Trainer:
         for images, labels in self.train_loader.epoch(epoch, start_batch):
             lr = self.schedule(self.step)
             for group in self.optimizer.param_groups:
-                group["lr"] = lr
+                group["lr"] = lr * group.get("lr_scale", 1.0)
             with self._autocast():
                 logits = self.forward_model(images)
                 loss = F.cross_entropy(logits, labels)

@@ -24,6 +24,17 @@ local files under ``file://`` but run ``<script>``s:
 * ``models/I/average.js`` (models with content scores): the probabilities averaged over the
   ``average_images`` ``(heads, N, N)`` quantised, per layer.
 
+A transformed network (T-CNN, ``TransformedNetwork``) is a model of kind ``"probabilities"``: its
+attention mixes Gaussian heads and gated content (``TransformedConv2d.attention``), so the files
+hold probabilities, not score terms, and each transformed layer has grids of its own. The picker's
+``grid`` is the image's pixels (``stem`` 1), and ``layer_grids`` gives per layer its ``name``, its
+``query`` grid (the output pixels), its ``key`` grid (the input pixels) and ``rows``/``cols``, the
+input row and column where each output row's and column's query sits. The page queries each
+layer at the output pixel nearest the clicked pixel (the image scaled onto the output grid) and
+draws ``(heads, N_in)`` maps on the input grid. ``models/I/image_NNN.js`` holds ``{"probs":
+[(heads, N_out, N_in) quantised per layer]}``; ``average.js`` is as for content models, with
+these shapes.
+
 A model whose attention was recorded from a network attnconv did not build (``attnconv.analysis``:
 timm and torchvision vision transformers) is a model with content scores whose content logits are
 the recorded log-probabilities, and no positional term (``recorded_explorer_data``). ``read_site``
@@ -57,6 +68,7 @@ from torch import Tensor, nn
 from attnconv.attention import MultiHeadSelfAttention2d, scores
 from attnconv.errors import UserError
 from attnconv.models.modes import evaluating
+from attnconv.models.transformed import TransformedNetwork
 from attnconv.viz.maps import attention_layers, compute_attention, token_grid
 
 FORMAT = "attnconv-explorer"
@@ -299,11 +311,13 @@ def explorer_data(
     """One model's data: ``(model.js object, [image file objects])``; image ``i``'s file is
     ``data["images"][i]["file"]`` (relative to the model's folder), if it has one.
 
-    ``images``: float ``(B, C, H, W)`` in ``[0, 1]``, required for models with content scores (one
-    file each); for position-only models, whose maps need no image, only drawn under the query
+    ``images``: float ``(B, C, H, W)`` in ``[0, 1]``, required for models with content scores and
+    transformed networks (one file each; ``transformed_explorer_data``); for position-only models, whose maps need no image, only drawn under the query
     picker. ``labels``: one caption per image. ``average_images`` (content models): the images the
     ``average.js`` entry averages the probabilities over.
     """
+    if isinstance(model, TransformedNetwork):
+        return transformed_explorer_data(model, images, labels, meta, average_images)
     layers = attention_layers(model)
     grid = token_grid(model, image_size)
     data: dict[str, Any] = {
@@ -352,9 +366,78 @@ def explorer_data(
     return data, files
 
 
+def transformed_explorer_data(
+    model: TransformedNetwork,
+    images: Tensor | None,
+    labels: Sequence[str] | None = None,
+    meta: dict[str, Any] | None = None,
+    average_images: Tensor | None = None,
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The data of a transformed network, as ``explorer_data`` gives it (module docstring, kind
+    ``"probabilities"``): every transformed layer's attention on each of ``images`` (float
+    ``(B, C, H, W)`` in ``[0, 1]``, required, a caption each in ``labels``) and averaged over
+    ``average_images``. ``meta`` gains each layer's mean content gate and mean distance moved
+    from the kernel taps."""
+    from attnconv.models.heads import transformed_head_table, transformed_layer_summary
+    from attnconv.viz.transformed import transformed_attention
+
+    size = tuple(int(s) for s in model.image_size)
+    _check_images(images, size, "a transformed network needs test images")
+    if images.shape[0] < 1:
+        raise UserError("a transformed network needs at least one test image")
+    if labels is not None and len(labels) != images.shape[0]:
+        raise UserError(f"got {len(labels)} labels for {images.shape[0]} images")
+    summary = transformed_layer_summary(transformed_head_table(model))
+    data: dict[str, Any] = {
+        "meta": {
+            **(meta or {}),
+            "mean content gate per layer": ", ".join(f"{r['mean_gate']:.2f}" for r in summary),
+            "mean move from the taps per layer (px)": ", ".join(
+                f"{r['mean_moved']:.2f}" for r in summary
+            ),
+        },
+        "grid": list(size),
+        "stem": 1,
+        "image_size": list(size),
+        "heads": [layer.heads for layer in model.transformed_layers().values()],
+        "images": [],
+        "kind": "probabilities",
+    }
+    files = []
+    for index in range(images.shape[0]):
+        layers = transformed_attention(model, images[index : index + 1])
+        files.append({"probs": [quantize(layer.probs) for layer in layers]})
+        data["images"].append(
+            {
+                "label": labels[index] if labels is not None else f"image {index}",
+                "channels": int(images.shape[1]),
+                "pixels": _pixels(images[index]),
+                "file": f"image_{index:03d}.js",
+            }
+        )
+    data["layer_grids"] = [
+        {
+            "name": layer.name,
+            "query": list(layer.query_grid),
+            "key": list(layer.key_grid),
+            "rows": layer.query_rows.tolist(),
+            "cols": layer.query_cols.tolist(),
+        }
+        for layer in layers
+    ]
+    if average_images is not None:
+        _check_images(average_images, size, "average_images must be")
+        probs = [layer.probs for layer in transformed_attention(model, average_images)]
+        entry, payload = _average_entry(average_images, probs)
+        data["images"].append(entry)
+        files.append(payload)
+    return data, files
+
+
 def _average_entry(images: Tensor, probs: Sequence[Tensor]) -> tuple[dict, dict]:
     """The image entry and the file (``average.js``) of probabilities ``(heads, N, N)`` per layer
-    averaged over ``images`` ``(B, C, H, W)``."""
+    (``(heads, N_out, N_in)`` for a transformed network) averaged over ``images``
+    ``(B, C, H, W)``."""
     count = images.shape[0]
     entry = {
         "label": f"average over {count} test image{'s' if count > 1 else ''}",

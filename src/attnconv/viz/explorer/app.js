@@ -3,9 +3,11 @@
 // its per-image files are loaded when first shown; each data file assigns its object to
 // window.ATTNCONV_FILES[its path]. The format is documented in attnconv/viz/export.py. The
 // displayed arrays are exposed as window.attnconv.maps[layer][head] (Float64Array over key
-// tokens, row-major); window.attnconv.ready is false while a model or an image is loading (the
-// maps then show the previous one, greyed out); names and captions from the data are only ever
-// inserted as text.
+// tokens, row-major) and each layer's query as window.attnconv.queries[layer] (the picked token,
+// or for a transformed network's layer, which attends from its output pixels over its input
+// pixels, the output pixel nearest the picked pixel); window.attnconv.ready is false while a
+// model or an image is loading (the maps then show the previous one, greyed out); names and
+// captions from the data are only ever inserted as text.
 "use strict";
 
 (function () {
@@ -19,14 +21,16 @@
   const CMAP = bytes(SITE.colormap);
   const HOVER_HELP = "Hover or tap a map to read its values.";
 
-  // The model shown: its data (model.js), decoded layers, decoded image files, token grid.
-  let M = null, D = null, H = 0, W = 0, N = 0;
+  // The model shown: its data (model.js), decoded layers, decoded image files, the picker's token
+  // grid, and each layer's query and key grids (layerGrids).
+  let M = null, D = null, H = 0, W = 0, N = 0, G = [];
   const view = {
     site: SITE,
     model: -1,
     data: null,
     state: { image: 0, query: [0, 0], mode: "total", softmax: true, scale: "map" },
     maps: [],
+    queries: [],
     scales: [],
     hover: null,
     ready: false,
@@ -111,6 +115,8 @@
     const payload = await load(model.data.images[index].file);
     model.images[index] = payload.average
       ? { average: payload.average.map(quantized) }
+      : payload.probs
+      ? { probs: payload.probs.map(quantized) }
       : { layers: payload.layers.map((l) => ({
           content: l.content && content(l.content),
           position: l.position && quantized(l.position),
@@ -119,6 +125,30 @@
   }
 
   // ------------------------------------------------------------------ maps
+
+  // Each layer's query grid (qh × qw) and key grid (kh × kw), and the key row and column each
+  // query row and column sits on: a transformed network's layers attend from their output pixels
+  // over their input pixels (data.layer_grids); every other model's layers share the token grid,
+  // each query on its own token (rows and cols null).
+  function layerGrids() {
+    return D.heads.map((_, layer) => {
+      const g = D.layer_grids && D.layer_grids[layer];
+      if (!g) return { name: null, qh: H, qw: W, kh: H, kw: W, rows: null, cols: null };
+      return { name: g.name, qh: g.query[0], qw: g.query[1], kh: g.key[0], kw: g.key[1], rows: g.rows, cols: g.cols };
+    });
+  }
+  // Layer l's query: the picked token, or the output pixel nearest the picked pixel (the picker's
+  // grid scaled onto the layer's output grid).
+  function layerQuery(layer) {
+    const g = G[layer];
+    return g.rows ? carriedQuery(view.state.query, [H, W], [g.qh, g.qw]) : view.state.query;
+  }
+  // Where layer l's query sits on its key grid (outlined on its maps).
+  function queryOnKeys(layer) {
+    const g = G[layer], q = layerQuery(layer);
+    return g.rows ? [g.rows[q[0]], g.cols[q[1]]] : q;
+  }
+  function keyCount(layer) { return G[layer].kh * G[layer].kw; }
 
   // Probabilities of a position-only layer: R[q1, k1] * C[q2, k2], or a stored row.
   function positionProbs(layer, head, q1, q2) {
@@ -167,19 +197,20 @@
 
   // Whether the maps shown are probabilities (else logits).
   function showsProbabilities() {
-    return D.kind === "position" || view.state.softmax || Boolean(currentImage().average);
+    return D.kind !== "content" || view.state.softmax || Boolean(currentImage().average);
   }
   function currentImage() { return M.images[view.state.image] || {}; }
 
   function computeMaps() {
-    const [q1, q2] = view.state.query;
-    const q = q1 * W + q2;
     const image = currentImage();
+    const stored = image.average || image.probs;  // probabilities as they are shown
     return D.heads.map((heads, layer) => {
+      const [q1, q2] = layerQuery(layer);
+      const queries = G[layer].qh * G[layer].qw, q = q1 * G[layer].qw + q2;
       const row = [];
       for (let head = 0; head < heads; head++) {
         if (D.kind === "position") row.push(positionProbs(layer, head, q1, q2));
-        else if (image.average) row.push(quantizedRow(image.average[layer], head * N + q));
+        else if (stored) row.push(quantizedRow(stored[layer], head * queries + q));
         else {
           const x = logits(image, layer, head, q, view.state.mode);
           row.push(x && view.state.softmax ? softmax(x) : x);
@@ -204,7 +235,9 @@
     mapsEl.appendChild(document.createElement("div"));
     for (let head = 0; head < maxHeads; head++) mapsEl.appendChild(heading("col-head", "head", head));
     D.heads.forEach((heads, layer) => {
-      mapsEl.appendChild(heading("row-head", "layer", layer));
+      const rowHead = heading("row-head", "layer", layer);
+      if (G[layer].name) rowHead.title = G[layer].name;
+      mapsEl.appendChild(rowHead);
       const row = [];
       for (let head = 0; head < maxHeads; head++) {
         const cell = document.createElement("div");
@@ -216,9 +249,9 @@
         const frame = document.createElement("div");
         frame.className = "frame";
         const canvas = document.createElement("canvas");
-        canvas.width = W;
-        canvas.height = H;
-        canvas.style.aspectRatio = `${W} / ${H}`;
+        canvas.width = G[layer].kw;
+        canvas.height = G[layer].kh;
+        canvas.style.aspectRatio = `${G[layer].kw} / ${G[layer].kh}`;
         canvas.setAttribute("aria-label", `layer ${layer}, head ${head}`);
         const marker = document.createElement("div");
         marker.className = "marker";
@@ -273,11 +306,12 @@
     });
   }
 
-  function placeMarker(el, query) {
-    el.style.left = `${(100 * query[1]) / W}%`;
-    el.style.top = `${(100 * query[0]) / H}%`;
-    el.style.width = `${100 / W}%`;
-    el.style.height = `${100 / H}%`;
+  // Outline token `query` of an h × w grid.
+  function placeMarker(el, query, [h, w]) {
+    el.style.left = `${(100 * query[1]) / w}%`;
+    el.style.top = `${(100 * query[0]) / h}%`;
+    el.style.width = `${100 / w}%`;
+    el.style.height = `${100 / h}%`;
   }
 
   function range(values, fromZero) {
@@ -288,9 +322,9 @@
 
   function drawMap(canvas, values, [lo, hi]) {
     const ctx = canvas.getContext("2d");
-    const img = ctx.createImageData(W, H);
+    const img = ctx.createImageData(canvas.width, canvas.height);
     const span = hi > lo ? hi - lo : 1;
-    for (let k = 0; k < N; k++) {
+    for (let k = 0; k < values.length; k++) {
       const c = Math.max(0, Math.min(255, Math.round((255 * (values[k] - lo)) / span)));
       img.data.set([CMAP[3 * c], CMAP[3 * c + 1], CMAP[3 * c + 2], 255], 4 * k);
     }
@@ -313,9 +347,9 @@
     };
     return [fix(lo), fix(hi)];
   }
-  // A probability as a multiple of the uniform level 1/N ("34/N", "1.1/N").
-  function uniformMultiple(p) {
-    const times = p * N;
+  // A probability as a multiple of the uniform level 1/n over n keys ("34/N", "1.1/N").
+  function uniformMultiple(p, n) {
+    const times = p * n;
     return `${times >= 9.95 ? times.toFixed(0) : times.toFixed(1)}/N`;
   }
   function caption(el, parts) {
@@ -328,7 +362,7 @@
   }
 
   function render() {
-    if (D.kind === "content" && !M.images[view.state.image]) return;
+    if (D.kind !== "position" && !M.images[view.state.image]) return;
     const maps = computeMaps();
     const probabilities = showsProbabilities();
     const ranges = maps.map((row) => row.map((values) => values && range(values, probabilities)));
@@ -338,13 +372,13 @@
       : [0, 1];
     view.scales = maps.map((row, layer) => row.map((values, head) => {
       const { cell, canvas, marker, scale } = cells[layer][head];
-      placeMarker(marker, view.state.query);
+      placeMarker(marker, queryOnKeys(layer), [G[layer].kh, G[layer].kw]);
       cell.classList.toggle("empty", values === null);
       if (values === null) { caption(scale, [["value", "no such term"]]); return null; }
       const [lo, hi] = ranges[layer][head];
       drawMap(canvas, values, view.state.scale === "shared" ? shared : [lo, hi]);
       if (probabilities) {
-        caption(scale, [["value", formatValue(hi)], ["times", ` = ${uniformMultiple(hi)}`]]);
+        caption(scale, [["value", formatValue(hi)], ["times", ` = ${uniformMultiple(hi, keyCount(layer))}`]]);
       } else {
         const [a, b] = formatRange(lo, hi);
         caption(scale, [["value", `${a} … ${b}`]]);
@@ -352,12 +386,15 @@
       return view.state.scale === "shared" ? shared : [lo, hi];
     }));
     view.maps = maps;
+    view.queries = D.heads.map((_, layer) => layerQuery(layer));
     drawColorbar(probabilities, shared);
-    placeMarker($("picker-marker"), view.state.query);
+    placeMarker($("picker-marker"), view.state.query, [H, W]);
     const [q1, q2] = view.state.query;
     const where = D.stem > 1 ? `, pixels ${q1 * D.stem}–${(q1 + 1) * D.stem - 1} × ${q2 * D.stem}–${(q2 + 1) * D.stem - 1}` : "";
-    const image = D.images.length && D.kind === "content" ? `${D.images[view.state.image].label}: ` : "";
-    $("query-readout").textContent = `${image}query token (row ${q1}, col ${q2})${where}`;
+    const image = D.images.length && D.kind !== "position" ? `${D.images[view.state.image].label}: ` : "";
+    $("query-readout").textContent = D.layer_grids
+      ? `${image}query pixel (row ${q1}, col ${q2}); each layer's query is its output pixel nearest it, outlined on its input`
+      : `${image}query token (row ${q1}, col ${q2})${where}`;
     showHover();
     setLoading(false);
     view.ready = true;
@@ -386,22 +423,28 @@
       $("colorbar-hi").textContent = "max";
       $("colorbar-caption").textContent = `${kind}, each map from ${probabilities ? "0" : "its minimum"} to its maximum, printed under it`;
     }
-    // the uniform level 1/N: where a head that looks everywhere alike would sit
-    const uniform = 1 / N;
+    // the uniform level 1/N: where a head that looks everywhere alike would sit (N the keys of
+    // a layer: one level for the whole bar only when every layer has the same keys)
+    const counts = [...new Set(G.map((_, layer) => keyCount(layer)))];
+    const uniform = 1 / counts[0];
     const span = shared[1] - shared[0];
-    const onBar = probabilities && view.state.scale === "shared" && span > 0 && uniform <= shared[1];
+    const onBar = probabilities && counts.length === 1 && view.state.scale === "shared" && span > 0 && uniform <= shared[1];
     mark.hidden = !onBar;
     if (onBar) mark.style.left = `${(100 * (uniform - shared[0])) / span}%`;
+    const level = counts.length === 1
+      ? `1/N = ${formatValue(uniform)} on each of the N = ${counts[0]} tokens`
+      : `1/N on each of a layer's N input pixels (N = ${counts.join(", ")} by layer)`;
     $("uniform-caption").textContent = probabilities
-      ? `Uniform attention: 1/N = ${formatValue(uniform)} on each of the N = ${N} tokens` +
+      ? `Uniform attention: ${level}` +
         (onBar ? " (marked on the bar)" : "; under each map, its maximum is also given as a multiple of 1/N") + "."
       : "";
   }
 
   function hover(event, canvas, layer, head) {
     const rect = canvas.getBoundingClientRect();
-    const k1 = Math.min(H - 1, Math.floor(((event.clientY - rect.top) / rect.height) * H));
-    const k2 = Math.min(W - 1, Math.floor(((event.clientX - rect.left) / rect.width) * W));
+    const { kh, kw } = G[layer];
+    const k1 = Math.min(kh - 1, Math.floor(((event.clientY - rect.top) / rect.height) * kh));
+    const k2 = Math.min(kw - 1, Math.floor(((event.clientX - rect.left) / rect.width) * kw));
     view.hover = { layer, head, key: [Math.max(0, k1), Math.max(0, k2)] };
     showHover();
   }
@@ -414,10 +457,10 @@
     if (!values) { $("hover-readout").textContent = HOVER_HELP; return; }
     const [k1, k2] = h.key;
     const probabilities = showsProbabilities();
-    const value = values[k1 * W + k2];
+    const value = values[k1 * G[h.layer].kw + k2];
     $("hover-readout").textContent =
       `layer ${h.layer}, head ${h.head}, key (${k1}, ${k2}): ${probabilities ? "probability" : "logit"} ` +
-      `${value.toPrecision(4)}` + (probabilities ? ` (${uniformMultiple(value)})` : "");
+      `${value.toPrecision(4)}` + (probabilities ? ` (${uniformMultiple(value, keyCount(h.layer))})` : "");
   }
 
   // ------------------------------------------------------------------ picker and controls
@@ -481,7 +524,7 @@
   function setQuery(r, c) {
     if (!D || (r === view.state.query[0] && c === view.state.query[1])) return;
     view.state.query = [r, c];
-    if (view.ready) render(); else placeMarker($("picker-marker"), view.state.query);
+    if (view.ready) render(); else placeMarker($("picker-marker"), view.state.query, [H, W]);
   }
   function setMode(mode) { view.state.mode = mode; syncControls(); if (D && view.ready) render(); }
   function setSoftmax(on) { view.state.softmax = Boolean(on); syncControls(); if (D && view.ready) render(); }
@@ -564,6 +607,7 @@
     view.state.query = carriedQuery(view.state.query, previous && previous.grid, D.grid);
     [H, W] = D.grid;
     N = H * W;
+    G = layerGrids();
     view.maps = [];
     // the same test image when the new model has it, else its first
     const label = previous && previous.images[view.state.image] && previous.images[view.state.image].label;
@@ -592,9 +636,18 @@
 
   function showMeta() {
     const meta = Object.entries(D.meta).map(([k, v]) => `${k}: ${v}`);
-    meta.push(`token grid ${H}×${W}` + (D.stem > 1 ? ` (image ${D.image_size[0]}×${D.image_size[1]}, ${D.stem}×${D.stem} pixels a token)` : ""));
+    if (D.layer_grids) {
+      meta.push(`image ${H}×${W}; transformed layers, input → output pixels: ` +
+        G.map((g, layer) => `${layer} ${g.name} ${g.kh}×${g.kw} → ${g.qh}×${g.qw}`).join(", "));
+    } else {
+      meta.push(`token grid ${H}×${W}` + (D.stem > 1 ? ` (image ${D.image_size[0]}×${D.image_size[1]}, ${D.stem}×${D.stem} pixels a token)` : ""));
+    }
     meta.push(`${D.heads.length} layers × ${Math.max(...D.heads)} heads`);
-    meta.push(D.kind === "position" ? "position-only attention: the same for every image" : "attention with content scores: per image");
+    meta.push({
+      position: "position-only attention: the same for every image",
+      content: "attention with content scores: per image",
+      probabilities: "attention probabilities per image: Gaussian heads mixed with content attention by their gates",
+    }[D.kind]);
     $("meta").textContent = meta.join(" · ");
   }
 
