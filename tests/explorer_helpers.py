@@ -19,11 +19,14 @@ ACCURACY = {
     "learned-content-fashion": 0.7654,
     "resnet-fashion": 0.9012,
 }
+# Shipped only where a test names it: a T-CNN (the explorer's kind "probabilities").
+TRANSFORMED_ACCURACY = {"tcnn-fashion-small": 0.9133}
 SAMPLES = 6
 
 
 def shipped_folder(folder: Path, names: tuple[str, ...] = tuple(ACCURACY)) -> Path:
-    """Write ``names`` (presets of ``ACCURACY``) and ``SAMPLES`` random test images into ``folder``."""
+    """Write ``names`` (presets of ``ACCURACY`` or ``TRANSFORMED_ACCURACY``) and ``SAMPLES``
+    random test images into ``folder``."""
     generator = torch.Generator().manual_seed(11)
     for name in names:
         torch.manual_seed(len(name))
@@ -38,14 +41,21 @@ def shipped_folder(folder: Path, names: tuple[str, ...] = tuple(ACCURACY)) -> Pa
                         layer.position.row_embedding.normal_(0.0, 1.0, generator=generator)
                         layer.position.col_embedding.normal_(0.0, 1.0, generator=generator)
         preset = PRESETS[name]
+        arguments = {**preset.model_kwargs, "num_classes": 10}
+        if preset.model == "transformed":  # the classes are the base network's
+            arguments = dict(preset.model_kwargs)
+            arguments["base_arguments"] = {**arguments["base_arguments"], "num_classes": 10}
+            with torch.no_grad():  # gates open: content attention on
+                for layer in model.transformed_layers().values():
+                    layer.gate.uniform_(0.2, 0.6, generator=generator)
         export_pretrained(
             model,
             name,
             description=preset.description,
             dataset="fashion-mnist",
             architecture=preset.model,
-            arguments={**preset.model_kwargs, "num_classes": 10},
-            test_accuracy=ACCURACY[name],
+            arguments=arguments,
+            test_accuracy={**ACCURACY, **TRANSFORMED_ACCURACY}[name],
             run={"command": "random weights for a test"},
             folder=folder,
         )

@@ -50,3 +50,33 @@ def test_more_images_than_shipped_are_refused_not_cut(tmp_path, capsys):
 def test_a_position_only_checkpoint_explores_without_them(position_only, tmp_path):
     assert main(["explore", str(position_only), "--out", str(tmp_path / "site")]) == 0
     assert (tmp_path / "site" / "index.html").is_file()
+
+
+def test_the_checkpoint_attnconv_transform_writes_is_explored_on_its_test_images(tmp_path):
+    """A T-CNN checkpoint as `attnconv transform` writes it (no epoch): the page holds its
+    transformed layers' attention on the first test images of its dataset and their average."""
+    from attnconv.data import load_splits
+    from attnconv.models.checkpoint import save_checkpoint as write
+    from attnconv.viz.export import read_data
+    from viz_helpers import transformed_checkpoint
+
+    checkpoint = transformed_checkpoint(image_size=(8, 8), dataset="digits", moved=False)
+    for key in ("epoch", "step", "config", "metrics"):
+        del checkpoint[key]
+    write(checkpoint, tmp_path / "transformed.pt")
+    site = tmp_path / "site"
+    argv = ["explore", str(tmp_path / "transformed.pt"), "--images", "2", "--out", str(site)]
+    assert main(argv) == 0
+    manifest = read_data(site / "data.js")
+    assert [(m["name"], m["kind"], m["heads"]) for m in manifest["models"]] == [
+        ("tcnn-fashion-small", "probabilities", [9] * 8)
+    ]
+    data = read_data(site / "models" / "0" / "model.js")
+    assert data["meta"]["checkpoint"] == "transformed.pt" and "epoch" not in data["meta"]
+    assert data["meta"]["mean content gate per layer"] == ", ".join(["0.00"] * 8)
+    splits = load_splits("digits", val_size=0)
+    assert [image["label"] for image in data["images"]] == [
+        f"test 0: {splits.classes[int(splits.test.labels[0])]}",
+        f"test 1: {splits.classes[int(splits.test.labels[1])]}",
+        "average over 2 test images",
+    ]

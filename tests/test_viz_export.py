@@ -351,3 +351,40 @@ def test_explore_pretrained_one_model_and_errors(shipped, tmp_path, capsys):
     assert "no pretrained weights for 'nonesuch'" in capsys.readouterr().err
     assert main(argv) == 2
     assert "give a checkpoint or --pretrained" in capsys.readouterr().err
+
+
+def test_a_transformed_network_exports_each_layers_probabilities_on_its_own_grids():
+    """Kind "probabilities": per layer its module name, query (output) and key (input) grids and
+    the input pixel each query sits on; per image the probabilities of every transformed layer
+    (quantised: within a step of TransformedConv2d.attention), and their average."""
+    from attnconv.models.checkpoint import build_model
+    from attnconv.viz.transformed import transformed_attention
+    from viz_helpers import transformed_checkpoint
+
+    model = build_model(transformed_checkpoint()).eval()
+    images = torch.rand(3, 1, 16, 16, generator=torch.Generator().manual_seed(2))
+    data, files = explorer_data(model, (16, 16), images[:2], ["a", "b"], {"epoch": 3}, images)
+    assert (data["kind"], data["grid"], data["stem"], data["heads"]) == (
+        "probabilities", [16, 16], 1, [9] * 8
+    )  # fmt: skip
+    assert [g["name"] for g in data["layer_grids"]] == list(model.transformed_layers())
+    assert [(g["key"], g["query"]) for g in data["layer_grids"]] == (
+        [([8, 8], [4, 4])] + [([4, 4], [4, 4])] * 3 + [([4, 4], [2, 2])] + [([2, 2], [2, 2])] * 3
+    )
+    assert data["layer_grids"][0]["rows"] == [0, 2, 4, 6]  # stride 2: on even input pixels
+    assert data["layer_grids"][1]["cols"] == [0, 1, 2, 3]
+    assert data["meta"]["epoch"] == 3
+    assert data["meta"]["mean content gate per layer"] == ", ".join(["0.40"] * 8)
+    assert [image.get("file") for image in data["images"]] == [
+        "image_000.js", "image_001.js", "average.js"
+    ]  # fmt: skip
+    assert data["images"][2]["average"] == 3
+    for index in range(2):
+        expected = transformed_attention(model, images[index : index + 1])
+        for payload, layer in zip(files[index]["probs"], expected, strict=True):
+            np.testing.assert_allclose(dequantize(payload), layer.probs.numpy(), atol=2e-5)
+    average = transformed_attention(model, images)
+    for payload, layer in zip(files[2]["average"], average, strict=True):
+        np.testing.assert_allclose(dequantize(payload), layer.probs.numpy(), atol=2e-5)
+    with pytest.raises(ValueError, match="a transformed network needs test images"):
+        explorer_data(model, (16, 16))

@@ -27,7 +27,7 @@ from attnconv.viz.export import (
     write_site,
 )
 from attnconv.viz.maps import compute_attention
-from explorer_helpers import ACCURACY, shipped_folder
+from explorer_helpers import ACCURACY, TRANSFORMED_ACCURACY, shipped_folder
 from viz_helpers import small_model
 
 pytestmark = pytest.mark.needs_chromium
@@ -256,7 +256,7 @@ def switch_model(page, index, name):
     page.wait_for_function(f"window.attnconv.ready && window.attnconv.model == {index}")
     assert page.locator("#model-name").inner_text() == name
     assert name in page.title()
-    accuracy = f"test accuracy {100 * ACCURACY[name]:.1f}% on fashion-mnist"
+    accuracy = f"test accuracy {100 * {**ACCURACY, **TRANSFORMED_ACCURACY}[name]:.1f}% on fashion-mnist"
     assert page.locator("#accuracy").inner_text() == accuracy
 
 
@@ -701,4 +701,59 @@ def test_the_uniform_level_is_named_and_marked(browser, shipped_site):
     top = max(m.max() for m in maps)
     expected = track["x"] + track["width"] * (1 / 196) / top
     assert mark.bounding_box()["x"] == pytest.approx(expected, abs=2)
+    page.close()
+
+
+def test_a_transformed_network_beside_a_shipped_model(browser, tmp_path):
+    """`explore --pretrained all` with a shipped T-CNN: for the clicked pixel each transformed
+    layer's heads attend from the output pixel nearest it over that layer's own input grid,
+    as TransformedConv2d.attention computes it (one image, then the average)."""
+    from attnconv.viz.transformed import transformed_attention
+
+    weights = shipped_folder(tmp_path / "weights", ("quadratic-fashion", "tcnn-fashion-small"))
+    site = tmp_path / "site"
+    argv = ["explore", "--pretrained", "all", "--weights-dir", str(weights), "--out", str(site)]
+    assert main([*argv, "--images", "2"]) == 0
+    page, errors = open_site(browser, site)
+    click_token(page, (7, 7), (14, 14))  # quadratic-fashion's token: pixels 14-15 × 14-15
+    switch_model(page, 1, "tcnn-fashion-small")
+    assert page.evaluate("window.attnconv.state.query") == [15, 15]  # the same place, in pixels
+    assert page.locator("#modes").is_hidden()  # probabilities: no score terms to switch
+    meta = page.locator("#meta").inner_text()
+    assert "stages.2.0.conv1 14×14 → 7×7" in meta and "stages.3.1.conv2 4×4 → 4×4" in meta
+    model = load_pretrained("tcnn-fashion-small", weights)
+    images, _ = sample_images("fashion-mnist", weights)
+    sizes = page.evaluate(
+        "Array.from(document.querySelectorAll('#maps .map canvas'), c => [c.width, c.height])"
+    )
+    keys = [(14, 14)] + [(7, 7)] * 4 + [(4, 4)] * 3
+    assert sizes == [list(key) for key in keys for _ in range(9)]
+
+    def check(layers, pixel):
+        queries = page.evaluate("window.attnconv.queries")
+        assert queries == [list(layer.query_for_image_pixel(pixel)) for layer in layers]
+        for layer, query, values in zip(layers, queries, displayed(page), strict=True):
+            expected = layer.probs[:, query[0] * layer.query_grid[1] + query[1]]
+            np.testing.assert_allclose(values, expected.numpy(), atol=2e-5)
+        return queries
+
+    first = transformed_attention(model, images[:1])
+    assert check(first, (15, 15)) == [[3, 3]] * 4 + [[2, 2]] * 4
+    # the outline on a stride-2 layer's map is the query's input pixel (6, 6) of 14×14
+    canvas = map_box(page, 0, 4)
+    outline = page.locator("#maps .map .marker").nth(4).bounding_box()
+    assert outline["x"] == pytest.approx(canvas["x"] + 6 / 14 * canvas["width"], abs=1)
+    assert outline["width"] == pytest.approx(canvas["width"] / 14, abs=1)
+    click_token(page, (27, 0), (28, 28))
+    assert check(first, (27, 0)) == [[6, 0]] * 4 + [[3, 0]] * 4
+    page.locator("#images button").nth(2).click()  # the average over the 6 shipped images
+    page.wait_for_function("window.attnconv.ready && window.attnconv.state.image == 2")
+    check(transformed_attention(model, images), (27, 0))
+    page.locator("#maps .map canvas").nth(5 * 9 + 1).scroll_into_view_if_needed()
+    page.mouse.move(*at_token(map_box(page, 5, 1), (3, 0), (4, 4)))  # a 4×4 input's corner
+    value = readout_value(page, 5, 1, (3, 0), "probability")
+    assert value == pytest.approx(float(displayed(page)[5][1][3 * 4 + 0]), rel=1e-3)
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=ARTIFACTS / "explorer_tcnn.png", full_page=True)
+    assert errors == []
     page.close()
