@@ -158,6 +158,56 @@ def test_an_attnconv_preset_has_its_head_table(tmp_path, capsys):
     assert read_data(tmp_path / "explorer" / "data.js")["models"][0]["kind"] == "position"
 
 
+def test_a_transformed_checkpoint_gets_the_measures_of_its_transformed_layers(tmp_path, capsys):
+    """`attnconv analyze` of a T-CNN checkpoint: per head its start tap, distance moved, gate and
+    attention distance on the test images, per layer the means and the tap score, the figures
+    that apply, and an explorer page that `explore --add` puts beside a shipped model."""
+    import math
+
+    from attnconv.data import load_splits
+    from attnconv.models.checkpoint import build_model, save_checkpoint
+    from attnconv.viz.transformed import attention_distance, transformed_attention
+    from viz_helpers import transformed_checkpoint
+
+    checkpoint = transformed_checkpoint(image_size=(8, 8), dataset="digits")
+    save_checkpoint(checkpoint, tmp_path / "tcnn.pt")
+    out = tmp_path / "out"
+    argv = [str(tmp_path / "tcnn.pt"), "--out", str(out), "--num-images", "3", "--explore-images", "2"]
+    code, printed, _ = analyze(argv, capsys)
+    assert code == 0
+    assert printed.startswith("tcnn-fashion-small, epoch 3: 8 transformed layers of 9 heads (8x8")
+    assert "images: the first 3 digits test images" in printed and "tap score" in printed
+    for name in ("contours", "gates", "distance"):
+        assert (out / f"{name}.png").is_file() and (out / f"{name}.pdf").is_file()
+    test = load_splits("digits", val_size=0).test
+    layers = transformed_attention(build_model(checkpoint), test.images[:3].float() / 255)
+    heads = read_csv(out / "heads.csv")
+    assert len(heads) == 72
+    for row in heads:
+        layer, head = int(row["layer"]), int(row["head"])
+        assert (int(row["tap_row"]), int(row["tap_col"])) == (head // 3 - 1, head % 3 - 1)
+        assert float(row["moved"]) == pytest.approx(math.hypot(0.1 * (layer + 1), 0.05 * head))
+        assert float(row["gate"]) == pytest.approx(0.1 * head)
+        expected = float(attention_distance(layers[layer])[head])
+        assert float(row["attention_distance"]) == pytest.approx(expected, rel=1e-6)
+    table = read_csv(out / "layers.csv")
+    assert [row["name"] for row in table] == [layer.name for layer in layers]
+    assert float(table[2]["mean_gate"]) == pytest.approx(0.4)
+    assert [row["tap_score"] for row in table[-3:]] == ["nan"] * 3  # 1×1 inputs: no interior
+    site = read_data(out / "explorer" / "models" / "0" / "model.js")
+    assert site["kind"] == "probabilities" and len(site["layer_grids"]) == 8
+    beside = tmp_path / "site"
+    folder = shipped_folder(tmp_path / "weights", ("quadratic-fashion",))
+    args = ["--pretrained", "all", "--weights-dir", str(folder), "--add", str(out)]
+    assert main(["explore", *args, "--out", str(beside)]) == 0
+    manifest = read_data(beside / "data.js")
+    assert [(m["name"], m["kind"]) for m in manifest["models"]] == [
+        ("quadratic-fashion", "position"), ("tcnn-fashion-small, epoch 3", "probabilities")
+    ]  # fmt: skip
+    code, _, err = analyze([*argv, "--window", "2"], capsys)
+    assert code == 2 and "--window zooms the maps" in err and err.count("\n") == 1
+
+
 def test_explore_puts_an_analysis_beside_the_shipped_models(vit_analysis, tmp_path):
     folder = shipped_folder(tmp_path / "weights", ("learned-fashion",))
     site = tmp_path / "site"

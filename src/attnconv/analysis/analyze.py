@@ -10,6 +10,13 @@ folder (the ``attnconv analyze`` command).
                        OUT/maps_average.* the same averaged over all images
     OUT/explorer/      the interactive page of this model (``attnconv explore --add OUT`` puts it
                        beside the shipped models)
+
+A transformed network (T-CNN, ``analyze_transformed``) gets what applies to its transformed layers,
+each attending from its output pixels over its input pixels (``attnconv.viz.transformed``):
+heads.csv (each head's start tap, centre, distance moved, spread, content gate, attention distance
+and attention on its own tap), layers.csv (the layer means, attention distance in pixels of its
+input and of the image, the tap score), distance.*, contours.* (its Gaussian heads from a query
+pixel, their start taps marked), gates.* and the explorer page.
 """
 
 from __future__ import annotations
@@ -30,9 +37,11 @@ from attnconv.analysis.measures import (
 )
 from attnconv.analysis.third_party import ThirdPartyModel
 from attnconv.errors import UserError
+from attnconv.models.transformed import TransformedNetwork
 from attnconv.viz.export import PreparedModel, SiteModel, recorded_explorer_data, write_explorer
 from attnconv.viz.figures import attention_figures, is_gaussian, write_csv
 from attnconv.viz.maps import AttentionMaps, compute_attention, is_position_only
+from attnconv.viz.transformed import layer_rows as transformed_layer_rows
 
 EXPLORER = "explorer"
 
@@ -217,3 +226,59 @@ def analyze_attnconv(
         "queries" + ("" if pixels is None else " and images"),
     ]
     return Analysis(files, heads, layers, _summary(header, layers, False, files))
+
+
+def analyze_transformed(
+    model: TransformedNetwork,
+    name: str,
+    out: str | Path,
+    dataset: str,
+    images: str | None = None,
+    num_images: int = 16,
+    explore_images: int = 4,
+    data_dir: str | None = None,
+    query: tuple[int, int] | None = None,
+    description: str = "",
+    test_accuracy: float | None = None,
+) -> Analysis:
+    """``analyze_attnconv`` for a transformed network: its figures and tables
+    (``viz.figures.plot_transformed``, the contours from image pixel ``query``) on ``num_images``
+    images (``images`` as for a content model), and the explorer page of the first
+    ``explore_images`` of them (0: none) with their average."""
+    from attnconv.models.pretrained import PretrainedError
+    from attnconv.viz.figures import plot_transformed
+
+    out = Path(out)
+    size = tuple(model.image_size)
+    try:
+        pixels, labels, origin = load_images(
+            images, num_images, size, model.in_channels, data_dir, shipped=dataset
+        )
+    except PretrainedError:  # no shipped test images of this dataset: its test split
+        pixels, labels, origin = load_images(dataset, num_images, size, model.in_channels, data_dir)
+    plot = plot_transformed(model, out, name, pixels, query)
+    files = plot.files
+    if explore_images > 0:
+        entry = SiteModel(
+            name,
+            model,
+            size,
+            description,
+            dataset=dataset,
+            test_accuracy=test_accuracy,
+            images=pixels[:explore_images],
+            labels=labels[:explore_images],
+            average_images=pixels,
+        )
+        files += write_explorer([entry], out / EXPLORER, title=f"attnconv explorer: {name}")
+    layers = transformed_layer_rows(model, plot.maps)  # layers.csv's rows
+    header = [
+        f"{name}: {len(layers)} transformed layers of {layers[0]['heads']} heads "
+        f"({size[0]}x{size[1]} input)",
+        f"images: {origin}",
+        "attention distance: attention-weighted distance from each query's pixel to the input "
+        "pixels (rows renormalised over the image), mean over queries and images",
+        plot.table,
+        f"wrote {len(files)} files to {out}",
+    ]
+    return Analysis(files, plot.heads, layers, "\n".join(header))

@@ -2,7 +2,9 @@
 contours, heads.csv and an explorer page of any vision transformer (``attnconv.analysis``).
 
 MODEL is ``timm:NAME`` or ``torchvision:NAME`` (with ``--weights FILE`` or ``--random``), a preset
-name (its random initialisation), a checkpoint file or run folder; or ``--pretrained NAME``.
+name (its random initialisation), a checkpoint file or run folder; or ``--pretrained NAME``. A
+transformed network (T-CNN, e.g. what ``attnconv transform`` writes) gets the measures of its
+transformed layers: attention distance, tap score, content gates, distance moved from the taps.
 """
 
 from __future__ import annotations
@@ -68,7 +70,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         nargs=2,
         metavar=("ROW", "COL"),
-        help="query patch of the maps and contours (default: the centre of the grid)",
+        help="query patch of the maps and contours (default: the centre of the grid); for a "
+        "transformed network an image pixel, each layer's query the output pixel nearest it",
     )
     parser.add_argument(
         "--window", type=int, help="zoom the maps to this many patches around the query"
@@ -100,10 +103,11 @@ def _third_party(args: argparse.Namespace):
 
 
 def _attnconv(args: argparse.Namespace):
-    from attnconv.analysis.analyze import analyze_attnconv
+    from attnconv.analysis.analyze import analyze_attnconv, analyze_transformed
     from attnconv.models import PRESETS, create_model
     from attnconv.models.checkpoint import load_model
     from attnconv.models.pretrained import load_pretrained, pretrained_info
+    from attnconv.models.transformed import TransformedNetwork
     from attnconv.viz.figures import checkpoint_path
 
     for option, given in (
@@ -133,6 +137,23 @@ def _attnconv(args: argparse.Namespace):
         raise UserError(
             f"MODEL {args.model!r} is not timm:NAME, torchvision:NAME, a preset "
             f"({', '.join(PRESETS)}), or an existing checkpoint or run folder"
+        )
+    if isinstance(model, TransformedNetwork):
+        if args.window is not None:
+            raise UserError(
+                "--window zooms the maps, which a transformed network does not get: leave it out"
+            )
+        return analyze_transformed(
+            model,
+            name,
+            args.out,
+            dataset,
+            args.images,
+            args.num_images,
+            args.explore_images,
+            args.data_dir,
+            args.query,
+            **details,
         )
     if not hasattr(model, "attention_layers"):
         raise UserError(f"{name} is a {type(model).__name__}, which has no attention")
