@@ -39,7 +39,9 @@ FASHION_PRESETS = [
 ]
 
 
-TRANSFORM_PRESETS = ["tcnn-fashion-small", "resnet-fashion-small-continued"]
+TRANSFORM_PRESETS = [
+    "tcnn-fashion-small", "tcnn-full-fashion-small", "resnet-fashion-small-continued"
+]  # fmt: skip
 
 
 def test_every_preset_is_registered():
@@ -114,7 +116,7 @@ def test_recipes():
     pruned = PRESETS["quadratic-generalized-pruned"]
     assert pruned.requires_init and pruned.recipe == {"lr": 0.01, "epochs": 100}
     # the transformed CNN and its control fine-tune the same CNN with one recipe
-    tcnn, control = (PRESETS[name] for name in TRANSFORM_PRESETS)
+    tcnn, _, control = (PRESETS[name] for name in TRANSFORM_PRESETS)
     assert tcnn.recipe == control.recipe and tcnn.recipe["lr"] < 0.1
     assert tcnn.requires_init and control.requires_init
     assert control.init_presets[0] == "resnet-fashion-small"

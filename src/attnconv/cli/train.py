@@ -139,6 +139,8 @@ def _transformed_if_needed(init: dict[str, Any], preset_name: str) -> dict[str, 
     if preset is None or preset.model != "transformed" or init["architecture"] == "transformed":
         return init
     kwargs = preset.model_kwargs
-    settings = {key: kwargs[key] for key in ("spread", "content", "qk_dim", "content_heads")
-                if key in kwargs}
+    settings = {key: kwargs[key] for key in ("spread", "qk_dim", "content_heads") if key in kwargs}
+    if "content" in kwargs:  # True, False or names
+        content = kwargs["content"]
+        settings["content"] = content if isinstance(content, bool) else list(content)
     return transform_checkpoint(init, list(kwargs["layers"]), preset=preset_name, **settings)

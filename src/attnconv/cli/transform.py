@@ -23,8 +23,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, help="the folder to write transformed.pt into")
     parser.add_argument(
         "--layers", nargs="+", metavar="PATTERN",
-        help="module-name patterns of the convolutions to transform (e.g. 'stages.3.*'); "
-        "default: the spatial convolutions of the two smallest grids (the late stages)",
+        help="module-name patterns of the convolutions to transform (e.g. 'stages.3.*'), 'late' "
+        "(the default: the spatial convolutions of the two smallest grids, the late stages) or "
+        "'spatial' (every convolution larger than 1x1)",
     )
     parser.add_argument(
         "--spread", type=float,
@@ -33,8 +34,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--tolerance", type=float, default=0.1,
                         help="accuracy points the spread search may lose (default 0.1)")
-    parser.add_argument("--no-content", action="store_true",
-                        help="Gaussian heads only, without the gated content attention")
+    content = parser.add_mutually_exclusive_group()
+    content.add_argument("--no-content", action="store_true",
+                         help="Gaussian heads only, without the gated content attention")
+    content.add_argument(
+        "--content-layers", nargs="+", metavar="PATTERN",
+        help="give content attention only to these of the transformed layers (patterns, or "
+        "'late'); default: all of them",
+    )
     parser.add_argument("--content-heads", type=int, default=1,
                         help="content attention maps per layer (1: one shared by the heads; "
                         "the number of heads: ConViT's, one per head)")
@@ -44,9 +51,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=int, default=500, help="images per forward")
 
 
-def _transformed_preset(base_preset: str) -> str:
-    """The preset of transformed networks built on ``base_preset``'s network (``train --init``
-    takes the checkpoint with it), else ``BASE-transformed``."""
+def _transformed_preset(base_preset: str, layers: list[str]) -> str:
+    """The preset of the transformed networks built on ``base_preset``'s network with these
+    ``layers`` (``train --init`` takes the checkpoint with it), else ``BASE-transformed``."""
     from attnconv.models import PRESETS
 
     base = PRESETS.get(base_preset)
@@ -55,6 +62,7 @@ def _transformed_preset(base_preset: str) -> str:
             preset.model == "transformed"
             and base is not None
             and preset.model_kwargs["base_arguments"] == base.model_kwargs
+            and list(preset.model_kwargs["layers"]) == layers
         ):
             return name
     return f"{base_preset}-transformed"
@@ -80,23 +88,26 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("that checkpoint already holds a transformed network")
     if args.spread is not None and not args.spread > 0:
         raise UserError(f"--spread must be a positive number, got {args.spread}")
-    layers = args.layers or "late"
-    preset = _transformed_preset(source["preset"])
+    layers = args.layers[0] if args.layers in (["late"], ["spatial"]) else args.layers or "late"
+    content_layers = args.content_layers
+    if content_layers == ["late"]:
+        content_layers = "late"
     options = {
-        "content": not args.no_content,
+        "content": content_layers if content_layers is not None else not args.no_content,
         "qk_dim": args.qk_dim,
         "content_heads": args.content_heads,
-        "preset": preset,
     }
 
     def transformed(spread: float) -> dict:
         torch.manual_seed(args.seed)
         try:
-            return transform_checkpoint(source, layers, spread, **options)
+            checkpoint = transform_checkpoint(source, layers, spread, **options)
         except ValueError as err:
             raise UserError(f"cannot transform: {err}") from err
+        preset = _transformed_preset(source["preset"], checkpoint["arguments"]["layers"])
+        return {**checkpoint, "preset": preset}
 
-    record: dict = {"source": args.pretrained or str(args.checkpoint), "preset": preset}
+    record: dict = {"source": args.pretrained or str(args.checkpoint)}
     spread = args.spread
     if spread is None:
         data = load_splits(
@@ -130,11 +141,13 @@ def run(args: argparse.Namespace) -> int:
     checkpoint = transformed(spread)
     out = Path(args.out)
     save_checkpoint(checkpoint, out / "transformed.pt")
-    record |= {"spread": spread, **{k: v for k, v in checkpoint["arguments"].items()
-                                    if k not in ("base_arguments", "spread")}}
+    record |= {"preset": checkpoint["preset"], "spread": spread,
+               **{k: v for k, v in checkpoint["arguments"].items()
+                  if k not in ("base_arguments", "spread")}}
     write_json(out / "transform.json", record)
     names = checkpoint["arguments"]["layers"]
     print(f"transformed {len(names)} convolutions ({names[0]} ... {names[-1]}) with spread "
           f"{spread:g}: {out / 'transformed.pt'}")
-    print(f"fine-tune it: attnconv train --preset {preset} --init {out / 'transformed.pt'}")
+    print(f"fine-tune it: attnconv train --preset {checkpoint['preset']} --init "
+          f"{out / 'transformed.pt'}")
     return 0

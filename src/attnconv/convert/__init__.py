@@ -41,6 +41,7 @@ from attnconv.convert.theorem import (
 )
 from attnconv.convert.transform import (
     LATE,
+    SPATIAL,
     SPREAD_CANDIDATES,
     choose_spread,
     select_layers,
@@ -51,6 +52,7 @@ from attnconv.convert.transform import (
 __all__ = [
     "LATE",
     "PROBE_TOLERANCE",
+    "SPATIAL",
     "SPREAD_CANDIDATES",
     "SUPPORTED_PADDING_MODES",
     "AttentionConv",

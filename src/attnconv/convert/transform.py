@@ -26,6 +26,10 @@ from attnconv.attention.transformed import TransformedConv2d
 from attnconv.convert.model import ConversionError, _reason_left
 from attnconv.models.transformed import TransformedNetwork, _submodule_parent
 
+SPATIAL = "spatial"
+"""Every ``nn.Conv2d`` with a kernel larger than 1×1: the network's spatial mixing all becomes
+attention (1×1 convolutions mix channels per pixel, as a transformer's Linear layers do)."""
+
 LATE = "late"
 """The default selection: every ``nn.Conv2d`` with a kernel larger than 1×1 whose output grid is
 one of the network's two smallest (the late stages, which T-CNN recast: their grids are small,
@@ -74,7 +78,7 @@ def select_layers(
 ) -> list[str]:
     """Names of the ``nn.Conv2d`` modules of ``model`` that ``layers`` selects, in network order.
 
-    ``layers``: :data:`LATE`, or module-name patterns (``fnmatch``: ``"stages.3.*"``,
+    ``layers``: :data:`LATE`, :data:`SPATIAL`, or module-name patterns (``fnmatch``: ``"stages.3.*"``,
     ``"layer4.0.conv2"``) each matching at least one convolution. ``example``: an input for the
     probe forward of :data:`LATE` (default: zeros of the model's ``image_size`` and
     ``in_channels``). ConversionError naming the layer if a selected convolution is one
@@ -82,7 +86,9 @@ def select_layers(
     a parametrized weight); ValueError for a pattern that matches no convolution.
     """
     convs = {name: m for name, m in model.named_modules() if isinstance(m, nn.Conv2d)}
-    if isinstance(layers, str) and layers == LATE:
+    if isinstance(layers, str) and layers == SPATIAL:
+        chosen = [name for name, conv in convs.items() if conv.kernel_size != (1, 1)]
+    elif isinstance(layers, str) and layers == LATE:
         sizes = _output_sizes(model, _example_input(model, example))
         spatial = [name for name in convs if convs[name].kernel_size != (1, 1) and name in sizes]
         smallest = sorted({sizes[name][0] * sizes[name][1] for name in spatial})[:2]
@@ -145,7 +151,7 @@ def transform_checkpoint(
     checkpoint: Mapping[str, Any],
     layers: str | Sequence[str] = LATE,
     spread: float = 4.0,
-    content: bool = True,
+    content: bool | str | Sequence[str] = True,
     qk_dim: int | None = None,
     content_heads: int = 1,
     preset: str | None = None,
@@ -154,7 +160,9 @@ def transform_checkpoint(
     ``checkpoint`` (``architecture``, ``arguments``, ``model`` weights, ``dataset``; a checkpoint
     from ``load_checkpoint`` or a shipped model's): architecture ``"transformed"``, arguments
     that rebuild it, its weights, the same dataset, and ``preset`` (default: the original's).
-    Query and key weights draw from torch's global generator."""
+    ``content``: ``True``, ``False``, or a selection as ``layers`` takes one (:data:`LATE`,
+    patterns) of the transformed layers that get content attention. Query and key weights draw
+    from torch's global generator."""
     from attnconv.models.checkpoint import rebuild
 
     if checkpoint["architecture"] == "transformed":
@@ -162,6 +170,8 @@ def transform_checkpoint(
     base, arguments = checkpoint["architecture"], dict(checkpoint["arguments"])
     network = rebuild(base, arguments, checkpoint["model"], "the checkpoint to transform").eval()
     names = select_layers(network, layers)
+    if not isinstance(content, bool):  # patterns: the transformed layers they name
+        content = [name for name in select_layers(network, content) if name in names]
     model = TransformedNetwork.from_network(
         base, arguments, network, names, spread, content, qk_dim, content_heads
     )
@@ -174,7 +184,7 @@ def transform_checkpoint(
             "base_arguments": arguments,
             "layers": names,
             "spread": float(spread),
-            "content": bool(content),
+            "content": content,
             "qk_dim": qk_dim,
             "content_heads": content_heads,
         },

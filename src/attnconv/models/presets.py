@@ -146,8 +146,17 @@ TCNN_FASHION_LAYERS = tuple(
 """The convolutions ``tcnn-fashion-small`` transforms: every 3×3 one of the last two stages (what
 ``attnconv.transform``'s default, ``layers="late"``, selects in ``resnet-fashion-small``)."""
 TCNN_FASHION_SPREAD = 3.0
-"""The spread ``tcnn-fashion-small`` starts from: see docs/transform.md (``attnconv transform``
-measures the smallest one that keeps the validation accuracy)."""
+"""The smallest spread that keeps ``resnet-fashion-small``'s validation accuracy within 0.1 point
+with the late 3×3 convolutions transformed (``attnconv transform`` measured it: docs/transform.md)."""
+TCNN_FULL_FASHION_LAYERS = (
+    "conv1",
+    *(f"stages.{stage}.{block}.conv{conv}" for stage in range(4) for block in (0, 1)
+      for conv in (1, 2)),
+)  # fmt: skip
+"""The convolutions ``tcnn-full-fashion-small`` transforms: every 3×3 one (``layers="spatial"``)."""
+TCNN_FULL_FASHION_SPREAD = 3.5
+"""The smallest spread that keeps ``resnet-fashion-small``'s validation accuracy within 0.1 point
+with every 3×3 convolution transformed (``attnconv transform --layers spatial``)."""
 _TCNN_RECIPE: dict[str, Any] = {
     "lr": 0.01, "epochs": 20, "warmup_fraction": 0.05, "attention_lr_scale": 10.0
 }
@@ -288,6 +297,24 @@ PRESETS: dict[str, Preset] = {
             dataset="fashion-mnist",
             requires_init=True,
             init_presets=("tcnn-fashion-small",),
+        ),
+        Preset(
+            "tcnn-full-fashion-small",
+            "resnet-fashion-small with every 3×3 convolution recast as attention (Gaussian heads "
+            "everywhere, gated content in the late stages): an attention network started as the "
+            "CNN, fine-tuned",
+            "transformed",
+            {
+                "base": "resnet18",
+                "base_arguments": {**_FASHION_IMAGES, "widths": _FASHION_SMALL_WIDTHS},
+                "layers": TCNN_FULL_FASHION_LAYERS,
+                "spread": TCNN_FULL_FASHION_SPREAD,
+                "content": TCNN_FASHION_LAYERS,
+            },
+            dict(_TCNN_RECIPE),
+            dataset="fashion-mnist",
+            requires_init=True,
+            init_presets=("tcnn-full-fashion-small",),
         ),
         Preset(
             "resnet-fashion-small-continued",

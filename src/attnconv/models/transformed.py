@@ -49,7 +49,9 @@ class TransformedNetwork(nn.Module):
         layers: qualified names of ``nn.Conv2d`` modules of the base network (e.g.
             ``"stages.3.0.conv1"``), each becoming a ``TransformedConv2d``.
         spread: the heads' inverse standard deviation at the transform (1/pixels); trained after.
-        content: give the transformed layers gated content attention.
+        content: give the transformed layers gated content attention: ``True`` (all), ``False``
+            (none: Gaussian heads only), or the names of the layers that get it (a subset of
+            ``layers``; content over a large grid costs ``N²`` per channel).
         qk_dim: query/key width of each content attention (default: see ``TransformedConv2d``).
         content_heads: content attention maps per layer (1: one map mixed into every head;
             the layer's number of heads: ConViT's, one per head).
@@ -63,7 +65,7 @@ class TransformedNetwork(nn.Module):
         base_arguments: Mapping[str, Any],
         layers: Sequence[str],
         spread: float = 4.0,
-        content: bool = True,
+        content: bool | Sequence[str] = True,
         qk_dim: int | None = None,
         content_heads: int = 1,
     ) -> None:
@@ -74,7 +76,14 @@ class TransformedNetwork(nn.Module):
             raise ValueError(f"layers must be a non-empty list of module names, got {layers!r}")
         self.base, self.base_arguments = base, dict(base_arguments)
         self.layer_names = list(layers)
-        self.spread, self.content, self.qk_dim = float(spread), bool(content), qk_dim
+        if isinstance(content, str) or not (
+            isinstance(content, bool) or set(content) <= set(self.layer_names)
+        ):
+            raise ValueError(
+                f"content must be True, False or a list of names from layers, got {content!r}"
+            )
+        with_content = set(self.layer_names) if content is True else set(content or ())
+        self.spread, self.content, self.qk_dim = float(spread), content, qk_dim
         self.content_heads = content_heads
         self.network = BASES[base](**self.base_arguments)
         modules = dict(self.network.named_modules())
@@ -86,7 +95,9 @@ class TransformedNetwork(nn.Module):
                     f"layer {name!r} of the {base!r} network is {found}, expected an nn.Conv2d"
                 )
             parent, leaf = _submodule_parent(self.network, name)
-            layer = TransformedConv2d.from_conv(conv, spread, content, qk_dim, content_heads)
+            layer = TransformedConv2d.from_conv(
+                conv, spread, name in with_content, qk_dim, content_heads
+            )
             setattr(parent, leaf, layer)
 
     @classmethod
@@ -97,7 +108,7 @@ class TransformedNetwork(nn.Module):
         network: nn.Module,
         layers: Sequence[str],
         spread: float = 4.0,
-        content: bool = True,
+        content: bool | Sequence[str] = True,
         qk_dim: int | None = None,
         content_heads: int = 1,
     ) -> TransformedNetwork:
@@ -160,7 +171,7 @@ class TransformedNetwork(nn.Module):
     def extra_repr(self) -> str:
         return (
             f"base={self.base!r}, layers={len(self.layer_names)}, spread={self.spread:g}, "
-            f"content={self.content}"
+            f"content={self.content if isinstance(self.content, bool) else len(self.content)}"
         )
 
     @property
