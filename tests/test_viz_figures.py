@@ -237,3 +237,32 @@ def test_plot_of_a_transformed_run(tmp_path, capsys):
     assert main(["plot", str(run), "--out", str(out), "--window", "2"]) == 2
     err = capsys.readouterr().err
     assert "--window: for the maps of attention models" in err and err.count("\n") == 1
+
+
+def test_plot_of_a_shipped_transformed_network(tmp_path, monkeypatch):
+    """`plot_pretrained` of a shipped T-CNN: its figures, its distances over all the test images
+    shipped with the weights, no trajectories (no run)."""
+    from attnconv.models import pretrained
+    from attnconv.viz.figures import plot_pretrained
+    from attnconv.viz.transformed import attention_distance, transformed_attention
+    from explorer_helpers import SAMPLES, shipped_folder
+
+    folder = shipped_folder(tmp_path / "weights", ("tcnn-fashion-small",))
+    for name in ("load_pretrained", "pretrained_info", "sample_images"):  # default: folder
+        original = getattr(pretrained, name)
+        monkeypatch.setattr(pretrained, name, lambda x, where=folder, f=original: f(x, where))
+    result = plot_pretrained("tcnn-fashion-small", tmp_path / "out", query=(0, 27))
+    assert result.image_source == (
+        f"the {SAMPLES} test images of fashion-mnist shipped with the weights"
+    )
+    assert sorted(path.name for path in result.files) == sorted(
+        [f"{n}.{e}" for n in ("contours", "gates", "distance") for e in ("png", "pdf")]
+        + ["heads.csv", "layers.csv"]
+    )
+    assert result.not_drawn == []
+    model = pretrained.load_pretrained("tcnn-fashion-small")
+    layers = transformed_attention(model, pretrained.sample_images("fashion-mnist")[0])
+    distances = [float(d) for layer in layers for d in attention_distance(layer)]
+    assert [row["attention_distance"] for row in result.heads] == pytest.approx(distances)
+    with pytest.raises(UserError, match="--scale: for the maps of attention models"):
+        plot_pretrained("tcnn-fashion-small", tmp_path / "out", scale="shared")
