@@ -301,3 +301,22 @@ def test_heads_command_on_the_transform_itself_says_every_head_is_on_its_tap(tmp
     heads = [cells for cells in lines if len(cells) == 10 and cells[0].isdigit()]
     assert {(cells[6], cells[7], cells[9]) for cells in heads} == {("0.000", "3.000", "0.000")}
     assert all(float(c[2]) == float(c[4]) and float(c[3]) == float(c[5]) for c in heads)
+
+
+def test_heads_of_a_grid_started_model_say_how_far_each_moved_from_its_tap(tmp_path, capsys):
+    arguments = {"num_classes": 3, "in_channels": 1, "image_size": (8, 8), "mean": (0.5,),
+                 "std": (0.2,), "stem": 1, "hidden": 8, "depth": 2, "heads": 9, "mlp_dim": 8,
+                 "positional_init": "grid"}  # fmt: skip
+    model = ImageTransformer(**arguments)
+    with torch.no_grad():
+        model.blocks[1].attention.position.centers[4] = torch.tensor([0.6, -0.8])  # 1.0 away
+    rows = head_table(model)
+    assert [round(r["moved"], 6) for r in rows] == [0.0] * 13 + [1.0] + [0.0] * 4
+    save_checkpoint({"preset": "quadratic", "dataset": "digits", "architecture":
+                     "image_transformer", "arguments": arguments, "model": model.state_dict()},
+                    tmp_path / "grid.pt")  # fmt: skip
+    assert cli.main(["heads", str(tmp_path / "grid.pt")]) == 0
+    out = capsys.readouterr().out
+    table = [line.split() for line in out.splitlines() if line[:5].strip().isdigit()]
+    assert [float(cells[-1]) for cells in table] == [r["moved"] for r in rows]
+    assert "mean distance moved, tokens: layer 0 0.000, layer 1 0.111" in out

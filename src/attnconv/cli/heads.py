@@ -69,17 +69,29 @@ def run(args: argparse.Namespace) -> int:
     min_spread = MIN_SPREAD if args.min_spread is None else args.min_spread
     max_condition = MAX_CONDITION if args.max_condition is None else args.max_condition
     rows = head_table(model, min_spread, max_condition)
+    grid = any("moved" in row for row in rows)  # started on the kernel taps
     print(source)
     print(
         f"{'layer':>5} {'head':>4} {'center_row':>10} {'center_col':>10} {'spread':>9} "
-        f"{'condition':>10}  degenerate"
+        f"{'condition':>10}  degenerate" + ("  moved_from_tap" if grid else "")
     )
     for row in rows:
+        moved = f" {row['moved']:>.3f}" if "moved" in row else ""
         print(
             f"{row['layer']:>5} {row['head']:>4} {row['center_row']:>10.3f} "
             f"{row['center_col']:>10.3f} {row['spread']:>9.4f} {row['condition_number']:>10.3g}"
-            f"  {'yes' if row['degenerate'] else 'no'}"
+            f"  {'yes' if row['degenerate'] else 'no'}{moved}"
         )
+    if grid:
+        by_layer: dict[int, list[float]] = {}
+        for row in rows:
+            if "moved" in row:
+                by_layer.setdefault(row["layer"], []).append(row["moved"])
+        means = ", ".join(
+            f"layer {layer} {sum(values) / len(values):.3f}" for layer, values in by_layer.items()
+        )
+        print(f"started on the kernel taps (positional_init=grid): mean distance moved, tokens: "
+              f"{means}")
     degenerate = sum(row["degenerate"] for row in rows)
     print(
         f"{degenerate} of {len(rows)} heads degenerate (spread < {min_spread:g} or "

@@ -19,6 +19,7 @@ from typing import Any
 from torch import nn
 
 from attnconv.attention import MultiHeadSelfAttention2d
+from attnconv.attention.positional import grid_centers
 from attnconv.errors import UserError
 from attnconv.models.complexity import count_parameters
 from attnconv.models.transformed import TransformedNetwork
@@ -53,10 +54,15 @@ def head_table(
 ) -> list[dict[str, Any]]:
     """One row per Gaussian head: ``layer``, ``head``, ``center_row``, ``center_col`` (offset
     ``Δ`` in tokens), ``spread`` (``det(Σ)^(-1/4)``: geometric-mean inverse std, 1/tokens),
-    ``condition_number`` (of the covariance ``Σ``) and ``degenerate`` (see module docstring)."""
+    ``condition_number`` (of the covariance ``Σ``) and ``degenerate`` (see module docstring); for
+    a layer started on the kernel taps (``positional_init="grid"``) also ``moved``, the distance
+    of the centre from the head's tap (tokens)."""
     rows = []
     for index, layer in gaussian_layers(model):
         geometry = layer.head_geometry()
+        taps = None
+        if getattr(layer.position, "init", None) == "grid":
+            taps = grid_centers(layer.heads).to(geometry["centers"])
         covariance = geometry["covariance"].double()
         for head in range(layer.heads):
             determinant = float(covariance[head].det())
@@ -73,6 +79,8 @@ def head_table(
                     "degenerate": spread < min_spread or condition > max_condition,
                 }
             )
+            if taps is not None:
+                rows[-1]["moved"] = float((geometry["centers"][head] - taps[head]).norm())
     return rows
 
 
