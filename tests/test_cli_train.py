@@ -5,6 +5,7 @@ import importlib
 import json
 
 import pytest
+import torch
 
 from attnconv.cli import main
 from attnconv.models import checkpoint as checkpoint_module
@@ -97,3 +98,28 @@ def test_a_new_run_passes_epochs_in_its_config_not_as_an_extension(captured, tmp
     assert main(["train", "--preset", "quick", "--epochs", "3", "--out", str(tmp_path / "r")]) == 0
     ((args, kwargs),) = captured
     assert args[0].epochs == 3 and kwargs["epochs"] is None and not kwargs["resume"]
+
+
+def test_a_tcnn_preset_transforms_a_cnn_init_as_attnconv_transform_does(captured, tmp_path):
+    """`train --preset tcnn-fashion-small --init pretrained:resnet-fashion-small seed=S` starts from
+    the network `attnconv transform --pretrained resnet-fashion-small --spread 3 --seed S` writes:
+    the same layers, spread and query/key weights."""
+    argv = ["train", "--preset", "tcnn-fashion-small", "--init", "pretrained:resnet-fashion-small",
+            "--out", str(tmp_path / "run"), "seed=3"]  # fmt: skip
+    assert main(argv) == 0
+    ((args, kwargs),) = captured
+    init = kwargs["init_checkpoint"]
+    assert args[0].init == "pretrained:resnet-fashion-small" and args[0].seed == 3
+    assert init["architecture"] == "transformed" and init["preset"] == "tcnn-fashion-small"
+    assert main(["transform", "--pretrained", "resnet-fashion-small", "--spread", "3",
+                 "--seed", "3", "--out", str(tmp_path / "t")]) == 0  # fmt: skip
+    written = load_checkpoint(tmp_path / "t" / "transformed.pt")
+    assert written["arguments"] == init["arguments"] and written["preset"] == init["preset"]
+    assert written["model"].keys() == init["model"].keys()
+    for key, value in written["model"].items():
+        assert torch.equal(value, init["model"][key]), key
+    assert main(["transform", "--pretrained", "resnet-fashion-small", "--spread", "3",
+                 "--seed", "4", "--out", str(tmp_path / "t4")]) == 0  # fmt: skip
+    other = load_checkpoint(tmp_path / "t4" / "transformed.pt")["model"]
+    key = "network.stages.3.0.conv1.query.weight"
+    assert not torch.equal(other[key], init["model"][key])  # the seed draws them

@@ -108,10 +108,11 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError(f"give --preset (one of {', '.join(PRESETS)}) or --resume RUN_DIR")
         dataset = args.dataset
         if args.init is not None:
-            # once: its dataset here, its weights in train
-            init = _transformed_if_needed(load_init_checkpoint(args.init), args.preset)
+            init = load_init_checkpoint(args.init)  # once: its dataset here, its weights in train
             dataset = dataset or init["dataset"]
         config = resolve_config(args.preset, dataset, args.overrides, **flag_settings(args))
+        if init is not None:
+            init = _transformed_if_needed(init, args.preset, config.seed)
         stamp = time.strftime("%Y%m%d-%H%M%S")
         run_dir = Path(args.out or Path("runs") / f"{config.preset}-{config.dataset}-{stamp}")
     try:
@@ -129,9 +130,13 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _transformed_if_needed(init: dict[str, Any], preset_name: str) -> dict[str, Any]:
+def _transformed_if_needed(init: dict[str, Any], preset_name: str, seed: int) -> dict[str, Any]:
     """``init``, or for a preset of transformed networks (``tcnn-*``) given a checkpoint of the
-    network it transforms, that checkpoint transformed as the preset's arguments say."""
+    network it transforms, that checkpoint transformed as the preset's arguments say, its queries
+    and keys drawn after ``torch.manual_seed(seed)`` (as ``attnconv transform --seed`` draws
+    them: the same transformed network)."""
+    import torch
+
     from attnconv.convert import transform_checkpoint
     from attnconv.models import PRESETS
 
@@ -143,4 +148,5 @@ def _transformed_if_needed(init: dict[str, Any], preset_name: str) -> dict[str, 
     if "content" in kwargs:  # True, False or names
         content = kwargs["content"]
         settings["content"] = content if isinstance(content, bool) else list(content)
+    torch.manual_seed(seed)
     return transform_checkpoint(init, list(kwargs["layers"]), preset=preset_name, **settings)
