@@ -51,27 +51,38 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=int, default=500, help="images per forward")
 
 
-def _transformed_preset(base_preset: str, layers: list[str]) -> str:
-    """The preset of the transformed networks built on ``base_preset``'s network with these
-    ``layers`` (``train --init`` takes the checkpoint with it), else ``BASE-transformed``."""
-    from attnconv.models import PRESETS
+def _transformed_preset(source: dict, layers: list[str]) -> str:
+    """The preset of transformed networks built on ``source``'s network (its architecture and
+    arguments, but the normalisation constants) with these ``layers`` (``train --init`` takes the
+    checkpoint with it), else ``PRESET-transformed``."""
+    import json
 
-    base = PRESETS.get(base_preset)
+    from attnconv.models import PRESETS
+    from attnconv.models.presets import preset_arguments
+
+    def plain(arguments: dict) -> object:
+        """The arguments that shape the network: tuples and lists alike, without the input
+        normalisation (a run takes its dataset's measured mean and std)."""
+        shape = {k: v for k, v in arguments.items() if k not in ("mean", "std")}
+        return json.loads(json.dumps(shape))
+
     for name, preset in PRESETS.items():
+        if preset.model != "transformed":
+            continue
+        arguments = preset_arguments(name, source["arguments"].get("num_classes", 10))[1]
         if (
-            preset.model == "transformed"
-            and base is not None
-            and preset.model_kwargs["base_arguments"] == base.model_kwargs
-            and list(preset.model_kwargs["layers"]) == layers
+            arguments["base"] == source["architecture"]
+            and plain(arguments["base_arguments"]) == plain(source["arguments"])
+            and list(arguments["layers"]) == layers
         ):
             return name
-    return f"{base_preset}-transformed"
+    return f"{source['preset']}-transformed"
 
 
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from attnconv.convert import choose_spread, transform_checkpoint
+    from attnconv.convert import ConversionError, choose_spread, select_layers, transform_checkpoint
     from attnconv.data import BatchLoader, load_splits
     from attnconv.models.checkpoint import build_model, load_checkpoint, save_checkpoint
     from attnconv.models.pretrained import checkpoint_or_pretrained, pretrained_checkpoint
@@ -98,13 +109,15 @@ def run(args: argparse.Namespace) -> int:
         "content_heads": args.content_heads,
     }
 
+    try:  # the selection first: a bad pattern fails before any search
+        select_layers(build_model(source, "the network to transform"), layers)
+    except (ValueError, ConversionError) as err:
+        raise UserError(f"cannot transform: {err}") from err
+
     def transformed(spread: float) -> dict:
         torch.manual_seed(args.seed)
-        try:
-            checkpoint = transform_checkpoint(source, layers, spread, **options)
-        except ValueError as err:
-            raise UserError(f"cannot transform: {err}") from err
-        preset = _transformed_preset(source["preset"], checkpoint["arguments"]["layers"])
+        checkpoint = transform_checkpoint(source, layers, spread, **options)
+        preset = _transformed_preset(source, checkpoint["arguments"]["layers"])
         return {**checkpoint, "preset": preset}
 
     record: dict = {"source": args.pretrained or str(args.checkpoint)}

@@ -24,6 +24,7 @@ from torch import nn
 
 from attnconv.attention.transformed import TransformedConv2d
 from attnconv.convert.model import ConversionError, _reason_left
+from attnconv.models.modes import evaluating
 from attnconv.models.transformed import TransformedNetwork, _submodule_parent
 
 SPATIAL = "spatial"
@@ -53,7 +54,8 @@ def _example_input(model: nn.Module, example: torch.Tensor | None) -> torch.Tens
 
 
 def _output_sizes(model: nn.Module, example: torch.Tensor) -> dict[str, tuple[int, int]]:
-    """Output grid ``(H, W)`` of every ``nn.Conv2d`` of ``model`` on ``example``."""
+    """Output grid ``(H, W)`` of every ``nn.Conv2d`` of ``model`` on ``example`` (one forward in
+    eval mode; the model's mode is put back)."""
     sizes: dict[str, tuple[int, int]] = {}
     hooks = [
         module.register_forward_hook(
@@ -63,7 +65,7 @@ def _output_sizes(model: nn.Module, example: torch.Tensor) -> dict[str, tuple[in
         if isinstance(module, nn.Conv2d)
     ]
     try:
-        with torch.no_grad():
+        with evaluating(model), torch.no_grad():  # eval: batch norms take a batch of one
             model(example)
     finally:
         for hook in hooks:
