@@ -160,6 +160,7 @@ def test_help_lists_every_corruption(capsys):
             "noise-low, noise-high, blur, contrast, occlusion (the clean set is always measured)",
         ),
         (["missing.pt"], "checkpoint missing.pt does not exist"),
+        (["FASHION", "--out", "nowhere/r.csv"], "--out nowhere/r.csv: the folder nowhere does not"),
     ],
 )
 def test_a_wrong_argument_or_model_is_one_line(tmp_path, monkeypatch, capsys, arguments, message):
