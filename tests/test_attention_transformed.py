@@ -230,7 +230,7 @@ def test_heads_sit_on_the_dilated_taps():
     layer = TransformedConv2d(2, 2, (3, 2), dilation=(2, 3))
     expected = [(r, c) for r in (-2, 0, 2) for c in (0, 3)]
     assert layer.position.centers.tolist() == [list(map(float, t)) for t in expected]
-    assert math.isclose(float(layer.position.spread[0]), 4.0)
+    assert math.isclose(float(layer.position.spread[0].detach()), 4.0)
 
 
 @pytest.mark.parametrize("config", [CONFIGS[0], CONFIGS[1], CONFIGS[5]])

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from attnconv.attention import PositionalScore
+from attnconv.attention.transformed import TransformedConv2d
 from attnconv.models import PRESETS, ImageTransformer, ResNet, create_model, resnet18
 from attnconv.models.checkpoint import construct
 from attnconv.models.normalize import ImageRangeWarning
@@ -26,9 +27,23 @@ SMALL = {
 }
 
 
+SMALL["transformed"] = {  # the base network small; its classes are set by create_model
+    "base_arguments": {"in_channels": 1, "image_size": (28, 28), "mean": (0.3,), "std": (0.35,),
+                       "widths": (8, 16, 16, 32)},
+}  # fmt: skip
+
+
 def small_model(name: str, **extra) -> nn.Module:
     overrides = {} if name == "quick" else dict(SMALL[PRESETS[name].model])
-    return create_model(name, num_classes=NUM_CLASSES, **overrides, **extra)
+    model = create_model(name, num_classes=NUM_CLASSES, **overrides, **extra)
+    if PRESETS[name].model == "transformed":
+        # as after fine-tuning: open content gates (shut, as the transform leaves them, the
+        # queries and keys get no gradient: their attention is weighted by the gate)
+        with torch.no_grad():
+            for layer in model.transformed_layers().values():
+                if layer.gate is not None:
+                    layer.gate.fill_(0.3)
+    return model
 
 
 def images_for(
@@ -114,10 +129,12 @@ class TestEveryPreset:
         for param_name in names:
             leaf = param_name.rsplit(".", 1)[-1]
             module = model.get_submodule(param_name.rsplit(".", 1)[0])
-            # The paper's code: decay everything but the Gaussian centres and spreads.
+            # The paper's code: decay everything but the Gaussian centres and spreads (and a
+            # transformed layer's content gates, which start at exactly zero).
             geometry = isinstance(module, PositionalScore) and leaf in ("centers", "spread")
-            assert (param_name in original) == geometry, param_name
-            exempt = leaf == "bias" or isinstance(
+            gate = isinstance(module, TransformedConv2d) and leaf == "gate"
+            assert (param_name in original) == (geometry or gate), param_name
+            exempt = gate or leaf == "bias" or isinstance(
                 module, (nn.LayerNorm, nn.BatchNorm2d, PositionalScore, PositionEmbedding)
             )
             assert (param_name in earlier) == exempt, param_name

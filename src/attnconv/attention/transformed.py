@@ -352,8 +352,9 @@ class TransformedConv2d(nn.Module):
         centre = self._pad(x).index_select(2, rows).index_select(3, cols)  # (B, in, H_out, W_out)
         queries = self.query(centre.flatten(2).transpose(1, 2))  # (B, N_out, heads·d)
         keys = self.key(x.flatten(2).transpose(1, 2))  # (B, N, heads·d)
-        queries = queries.view(batch, -1, self.content_heads, self.qk_dim).transpose(1, 2)
-        keys = keys.view(batch, -1, self.content_heads, self.qk_dim).transpose(1, 2)
+        maps, width = self.content_heads, self.qk_dim
+        queries = queries.view(batch, rows.numel() * cols.numel(), maps, width).transpose(1, 2)
+        keys = keys.view(batch, x.shape[2] * x.shape[3], maps, width).transpose(1, 2)
         logits = (queries * self.qk_dim**-0.5) @ keys.transpose(-1, -2)
         return logits.softmax(dim=-1)  # (B, content_heads, N_out, N)
 
@@ -453,12 +454,13 @@ class TransformedConv2d(nn.Module):
         probs = self.content_probs(x)  # (B, maps, N_out, N)
         n_out = out_h * out_w
         # attended[b, c, (m, q)] = Σ_k x[b, c, k] probs[b, m, q, k]
-        attended = x.flatten(2) @ probs.reshape(batch, maps * n_out, -1).transpose(1, 2)
+        n = x.shape[2] * x.shape[3]
+        attended = x.flatten(2) @ probs.reshape(batch, maps * n_out, n).transpose(1, 2)
         gated = self.weight.reshape(self.out_channels, channels // groups, self.heads)
         gated = gated * self.content_gates()
         if maps < self.heads:  # sum the gated taps of the heads sharing each map
             share = F.one_hot(self.content_map(), maps).to(gated.dtype)  # (heads, maps)
             gated = gated @ share
         taps = gated.reshape(groups, self.out_channels // groups, -1)  # column c·maps + m
-        y = taps.to(attended.dtype) @ attended.reshape(batch, groups, -1, n_out)
+        y = taps.to(attended.dtype) @ attended.reshape(batch, groups, taps.shape[-1], n_out)
         return y.reshape(batch, self.out_channels, out_h, out_w)

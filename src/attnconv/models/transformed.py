@@ -175,6 +175,11 @@ class TransformedNetwork(nn.Module):
         )
 
     @property
+    def normalize(self) -> nn.Module:
+        """The base network's input normalisation (its mean and std travel with the weights)."""
+        return self.network.normalize
+
+    @property
     def num_classes(self) -> int:
         return self.network.num_classes
 
