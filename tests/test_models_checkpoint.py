@@ -123,7 +123,9 @@ SMALL = {
     "image_transformer": {"hidden": 16, "depth": 1, "heads": 4, "head_dim": 4, "mlp_dim": 16},
     "resnet18": {"widths": (4, 4, 4, 4)},
     "vision_transformer": {"hidden": 16, "depth": 1, "heads": 4, "head_dim": 4, "mlp_dim": 16},
-}
+    "transformed": {"base_arguments": {"in_channels": 1, "image_size": (16, 16), "mean": (0.5,),
+                                       "std": (0.25,), "widths": (4, 4, 8, 8)}},
+}  # fmt: skip
 
 
 @pytest.mark.parametrize("preset", sorted(PRESETS))

@@ -189,6 +189,7 @@ def test_the_fashion_mnist_experiment_is_shipped_within_10_mb():
         "resnet-fashion",
         "vit-fashion",
         "resnet-fashion-small",
+        "tcnn-fashion-small",
     ]
     folder = WEIGHTS_DIR
     total = sum(path.stat().st_size for path in folder.iterdir())
@@ -197,8 +198,12 @@ def test_the_fashion_mnist_experiment_is_shipped_within_10_mb():
         assert info.architecture == PRESETS[name].model and info.dataset == "fashion-mnist"
         # Every constructor argument, defaults included: a later default cannot change the model.
         assert set(info.arguments) == set(inspect.signature(MODELS[info.architecture]).parameters)
-        shape = {k: v for k, v in PRESETS[name].model_kwargs.items() if k not in ("mean", "std")}
-        assert shape.items() <= _as_saved(info.arguments).items()  # statistics: measured on data
+        preset, saved = PRESETS[name].model_kwargs, info.arguments
+        if info.architecture == "transformed":  # the base network's arguments, and the layers
+            assert saved["layers"] == list(preset["layers"]) and saved["spread"] == preset["spread"]
+            preset, saved = preset["base_arguments"], saved["base_arguments"]
+        shape = {k: v for k, v in preset.items() if k not in ("mean", "std")}
+        assert shape.items() <= _as_saved(saved).items()  # statistics: measured on data
         model = create_model(name, pretrained=True)
         assert not model.training
         assert model(torch.rand(2, 1, 28, 28)).shape == (2, 10)

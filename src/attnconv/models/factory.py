@@ -26,10 +26,12 @@ def create_model(
     """
     if pretrained:
         info = pretrained_info(name)
-        if overrides or num_classes != info.arguments["num_classes"]:
+        # a transformed network's classes are its base network's
+        classes = info.arguments.get("base_arguments", info.arguments)["num_classes"]
+        if overrides or num_classes != classes:
             raise UserError(
-                f"pretrained model {name!r} is built as it was trained ({info.arguments['num_classes']}"
-                f" classes); build it without overrides, or fine-tune it for other settings"
+                f"pretrained model {name!r} is built as it was trained ({classes} classes); "
+                f"build it without overrides, or fine-tune it for other settings"
             )
         return load_pretrained(name)
     architecture, arguments = preset_arguments(name, num_classes, **overrides)
