@@ -206,6 +206,19 @@ class _CenteredScore(PositionalScore):
         self.spread = nn.Parameter(torch.empty(heads, *spread_shape))
         self.reset_parameters()
 
+    @classmethod
+    def for_layer(
+        cls,
+        heads: int,
+        head_dim: int,
+        max_size: int,
+        hard: bool = False,
+        init: str = "original",
+        position_term: bool = True,
+    ) -> _CenteredScore:
+        _refuse_without_term(cls, position_term)
+        return cls(heads, hard=hard, init=init)
+
     def extra_repr(self) -> str:
         return super().extra_repr() + (', init="grid"' if self.init == "grid" else "")
 
@@ -273,19 +286,6 @@ class GaussianScore(_CenteredScore):
         super().__init__(heads, (), init)
         self.hard = hard
 
-    @classmethod
-    def for_layer(
-        cls,
-        heads: int,
-        head_dim: int,
-        max_size: int,
-        hard: bool = False,
-        init: str = "original",
-        position_term: bool = True,
-    ) -> GaussianScore:
-        _refuse_without_term(cls, position_term)
-        return cls(heads, hard=hard, init=init)
-
     def extra_repr(self) -> str:
         return super().extra_repr() + (", hard=True" if self.hard else "")
 
@@ -330,22 +330,9 @@ class GaussianFullScore(_CenteredScore):
     name = "gaussian_full"
     separable = False
 
-    def __init__(self, heads: int, init: str = "original") -> None:
+    def __init__(self, heads: int, hard: bool = False, init: str = "original") -> None:
+        _refuse_hard(type(self), hard)
         super().__init__(heads, (2, 2), init)
-
-    @classmethod
-    def for_layer(
-        cls,
-        heads: int,
-        head_dim: int,
-        max_size: int,
-        hard: bool = False,
-        init: str = "original",
-        position_term: bool = True,
-    ) -> GaussianFullScore:
-        _refuse_hard(cls, hard)
-        _refuse_without_term(cls, position_term)
-        return cls(heads, init=init)
 
     def _spread_identity(self) -> Tensor:
         return torch.eye(2, dtype=self.spread.dtype, device=self.spread.device)

@@ -143,21 +143,12 @@ def _attnconv(args: argparse.Namespace):
             raise UserError(
                 "--window zooms the maps, which a transformed network does not get: leave it out"
             )
-        return analyze_transformed(
-            model,
-            name,
-            args.out,
-            dataset,
-            args.images,
-            args.num_images,
-            args.explore_images,
-            args.data_dir,
-            args.query,
-            **details,
-        )
-    if not hasattr(model, "attention_layers"):
+        analyze, extra = analyze_transformed, {}
+    elif not hasattr(model, "attention_layers"):
         raise UserError(f"{name} is a {type(model).__name__}, which has no attention")
-    return analyze_attnconv(
+    else:
+        analyze, extra = analyze_attnconv, {"window": args.window}
+    return analyze(
         model,
         name,
         args.out,
@@ -167,7 +158,7 @@ def _attnconv(args: argparse.Namespace):
         args.explore_images,
         args.data_dir,
         args.query,
-        args.window,
+        **extra,
         **details,
     )
 

@@ -161,6 +161,33 @@ _TCNN_RECIPE: dict[str, Any] = {
     "lr": 0.01, "epochs": 20, "warmup_fraction": 0.05, "attention_lr_scale": 10.0
 }
 
+def _tcnn_preset(
+    name: str,
+    description: str,
+    layers: tuple[str, ...],
+    spread: float,
+    content: bool | tuple[str, ...],
+) -> Preset:
+    """A preset of ``resnet-fashion-small`` transformed at ``layers`` (docs/transform.md),
+    fine-tuned from a checkpoint of its own preset (``attnconv transform`` writes one)."""
+    return Preset(
+        name,
+        description,
+        "transformed",
+        {
+            "base": "resnet18",
+            "base_arguments": {**_FASHION_IMAGES, "widths": _FASHION_SMALL_WIDTHS},
+            "layers": layers,
+            "spread": spread,
+            "content": content,
+        },
+        dict(_TCNN_RECIPE),
+        dataset="fashion-mnist",
+        requires_init=True,
+        init_presets=(name,),
+    )
+
+
 PRESETS: dict[str, Preset] = {
     preset.name: preset
     for preset in (
@@ -282,39 +309,22 @@ PRESETS: dict[str, Preset] = {
         # last stages (7×7 and 4×4 grids) recast as attention by attnconv.transform, fine-tuned
         # from the trained CNN (`attnconv transform`, then --init), and its control: the CNN
         # trained on with the same recipe, so a gain is not just more training.
-        Preset(
+        _tcnn_preset(
             "tcnn-fashion-small",
             "resnet-fashion-small with its late 3×3 convolutions recast as attention (Gaussian "
             "heads on the taps + gated content: T-CNN), fine-tuned from the trained CNN",
-            "transformed",
-            {
-                "base": "resnet18",
-                "base_arguments": {**_FASHION_IMAGES, "widths": _FASHION_SMALL_WIDTHS},
-                "layers": TCNN_FASHION_LAYERS,
-                "spread": TCNN_FASHION_SPREAD,
-            },
-            dict(_TCNN_RECIPE),
-            dataset="fashion-mnist",
-            requires_init=True,
-            init_presets=("tcnn-fashion-small",),
+            TCNN_FASHION_LAYERS,
+            TCNN_FASHION_SPREAD,
+            content=True,
         ),
-        Preset(
+        _tcnn_preset(
             "tcnn-full-fashion-small",
             "resnet-fashion-small with every 3×3 convolution recast as attention (Gaussian heads "
             "everywhere, gated content in the late stages): an attention network started as the "
             "CNN, fine-tuned",
-            "transformed",
-            {
-                "base": "resnet18",
-                "base_arguments": {**_FASHION_IMAGES, "widths": _FASHION_SMALL_WIDTHS},
-                "layers": TCNN_FULL_FASHION_LAYERS,
-                "spread": TCNN_FULL_FASHION_SPREAD,
-                "content": TCNN_FASHION_LAYERS,
-            },
-            dict(_TCNN_RECIPE),
-            dataset="fashion-mnist",
-            requires_init=True,
-            init_presets=("tcnn-full-fashion-small",),
+            TCNN_FULL_FASHION_LAYERS,
+            TCNN_FULL_FASHION_SPREAD,
+            content=TCNN_FASHION_LAYERS,
         ),
         Preset(
             "resnet-fashion-small-continued",
