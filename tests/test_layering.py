@@ -1,7 +1,7 @@
 """Every import in src/attnconv points down the house (module-level and lazy imports alike), and no
 module imports itself back through a cycle.
 
-Levels, lowest first: errors, hardware, memory, runs < attention, data < convert, models < train < viz <
+Levels, lowest first: errors, hardware, memory, runs, seeds < attention, data < convert, models < train < viz <
 reproduce, demo, analysis < cli. A module's level is that of its first name under ``attnconv``; an import may
 point to the same level or a lower one, and besides viz never imports train (figures load models
 through attnconv.models) and train never imports convert.
@@ -14,7 +14,7 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "attnconv"
 LEVELS = {
-    **dict.fromkeys(("errors", "hardware", "memory", "runs"), 0),
+    **dict.fromkeys(("errors", "hardware", "memory", "runs", "seeds"), 0),
     **dict.fromkeys(("attention", "data"), 1),
     **dict.fromkeys(("convert", "models"), 2),
     "train": 3,

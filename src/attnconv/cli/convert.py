@@ -30,12 +30,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"--sweep only: target relative error (default {DEFAULT_THRESHOLD:g}); --check "
         "compares with fixed per-dtype tolerances",
     )
-    parser.add_argument("--seed", type=int, default=0, help="seed of the random weights and inputs")
+    parser.add_argument(
+        "--seed", type=int, default=0, help="seed of the random weights and inputs, in [0, 2**63)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     from attnconv.convert import check
+    from attnconv.seeds import check_seed
 
+    check_seed(args.seed, "--seed")
     if args.check and args.threshold is not None:
         raise UsageError(
             "--threshold sets the target of --sweep; --check compares every configuration with "

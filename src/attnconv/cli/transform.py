@@ -46,7 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="content attention maps per layer (1: one shared by the heads; "
                         "the number of heads: ConViT's, one per head)")
     parser.add_argument("--qk-dim", type=int, help="query/key width of each content map")
-    parser.add_argument("--seed", type=int, default=0, help="draws the query and key weights")
+    parser.add_argument("--seed", type=int, default=0, help="draws the query and key weights, in [0, 2**63)")
     parser.add_argument("--data-dir", help="where datasets live (for the spread search)")
     parser.add_argument("--batch-size", type=int, default=500, help="images per forward")
 
@@ -87,8 +87,10 @@ def run(args: argparse.Namespace) -> int:
     from attnconv.models.checkpoint import build_model, load_checkpoint, save_checkpoint
     from attnconv.models.pretrained import checkpoint_or_pretrained, pretrained_checkpoint
     from attnconv.runs import checkpoint_file, write_json
+    from attnconv.seeds import check_seed
     from attnconv.train.loop import check_data_fits, evaluation_sums
 
+    check_seed(args.seed, "--seed")
     if checkpoint_or_pretrained(args.checkpoint, args.pretrained) == "pretrained":
         source = pretrained_checkpoint(args.pretrained)
         config: dict = {}

@@ -31,6 +31,7 @@ from attnconv.errors import UserError
 from attnconv.hardware import PRECISIONS
 from attnconv.models.decay import DECAY_EXEMPTIONS
 from attnconv.models.presets import MODELS, PRESETS, model_arguments
+from attnconv.seeds import SEED_RULE, is_valid_seed
 from attnconv.train.schedule import SCHEDULES
 
 # Model arguments set from the dataset, never from the command line.
@@ -298,7 +299,7 @@ def check_config(config: TrainConfig) -> None:
          f"unknown precision {config.precision!r}; valid: {', '.join(PRECISIONS)}")
     need(config.device == "auto" or config.device == "cpu" or config.device.startswith("cuda"),
          f"device must be auto, cpu, cuda or cuda:N, got {config.device!r}")
-    need(0 <= config.seed < 2**63, f"seed must be an integer in [0, 2**63), got {config.seed}")
+    need(is_valid_seed(config.seed), f"seed must be {SEED_RULE}, got {config.seed}")
     need(config.pad is None or config.pad >= 0, f"pad must be >= 0 pixels, got {config.pad}")
     need(config.checkpoint_every >= 0,
          f"checkpoint_every must be >= 0 epochs (0: off), got {config.checkpoint_every}")
