@@ -320,3 +320,27 @@ def test_heads_of_a_grid_started_model_say_how_far_each_moved_from_its_tap(tmp_p
     table = [line.split() for line in out.splitlines() if line[:5].strip().isdigit()]
     assert [float(cells[-1]) for cells in table] == [r["moved"] for r in rows]
     assert "mean distance moved, tokens: layer 0 0.000, layer 1 0.111" in out
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "expected"),
+    [
+        ("--min-spread", "nan", "a positive finite number"),
+        ("--min-spread", "-1", "a positive finite number"),
+        ("--min-spread", "0", "a positive finite number"),
+        ("--min-spread", "inf", "a positive finite number"),
+        ("--max-condition", "nan", "a finite number >= 1"),
+        ("--max-condition", "0.5", "a finite number >= 1"),
+        ("--max-condition", "inf", "a finite number >= 1"),
+    ],
+)
+def test_heads_command_thresholds_that_flag_nothing_or_everything_are_one_line(
+    tmp_path, capsys, option, value, expected
+):
+    """A NaN or negative --min-spread would flag no head at all, silently (exit 0)."""
+    path = tmp_path / "run.pt"
+    write_checkpoint(path, generalized_model())
+    assert cli.main(["heads", str(path), option, value]) == 2
+    assert capsys.readouterr().err == (
+        f"attnconv heads: error: {option} must be {expected}, got {float(value)}\n"
+    )

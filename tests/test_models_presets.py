@@ -414,3 +414,11 @@ def test_size_note_warns_when_a_preset_meets_much_larger_images():
     assert size_note("quadratic", "fashion-mnist", (28, 28)) is None  # 196 of its 256 tokens
     assert size_note("resnet18", "fashion-mnist", (280, 280)) is None  # no attention
     assert "(9x)" in size_note("quadratic", "cifar10", (96, 96))
+
+
+@pytest.mark.parametrize("count", ["0", "99999999999999999", str(2**31)])
+def test_models_command_refuses_a_class_count_it_cannot_build_in_one_line(capsys, count):
+    assert cli.main(["models", "--num-classes", count]) == 2
+    assert capsys.readouterr().err == (
+        f"attnconv models: error: --num-classes must be an integer in [1, 2**31), got {count}\n"
+    )

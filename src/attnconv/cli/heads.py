@@ -5,6 +5,7 @@ moved, spread and content gate, and each transformed layer's means."""
 from __future__ import annotations
 
 import argparse
+import math
 import textwrap
 from typing import Any
 
@@ -68,6 +69,10 @@ def run(args: argparse.Namespace) -> int:
         return 0
     min_spread = MIN_SPREAD if args.min_spread is None else args.min_spread
     max_condition = MAX_CONDITION if args.max_condition is None else args.max_condition
+    if not 0 < min_spread < math.inf:  # NaN, 0 or below: no head could ever be flagged
+        raise UserError(f"--min-spread must be a positive finite number, got {min_spread}")
+    if not 1 <= max_condition < math.inf:  # condition numbers are >= 1
+        raise UserError(f"--max-condition must be a finite number >= 1, got {max_condition}")
     rows = head_table(model, min_spread, max_condition)
     grid = any("moved" in row for row in rows)  # started on the kernel taps
     print(source)

@@ -6,6 +6,8 @@ import argparse
 
 from attnconv.errors import UserError
 
+MAX_CLASSES = 2**31  # more than any dataset names; the classifier's shape stays countable
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
@@ -27,8 +29,8 @@ def run(args: argparse.Namespace) -> int:
     from attnconv.models import PRESETS, create_model
     from attnconv.models.complexity import count_macs, count_parameters
 
-    if args.num_classes < 1:
-        raise UserError(f"--num-classes must be >= 1, got {args.num_classes}")
+    if not 1 <= args.num_classes < MAX_CLASSES:
+        raise UserError(f"--num-classes must be an integer in [1, 2**31), got {args.num_classes}")
     header = f"{'preset':<30} {'params':>8} {'MACs/image':>11}  {'input':<9} description"
     print(header)
     print("-" * len(header))
