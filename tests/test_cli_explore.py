@@ -80,3 +80,15 @@ def test_the_checkpoint_attnconv_transform_writes_is_explored_on_its_test_images
         f"test 1: {splits.classes[int(splits.test.labels[1])]}",
         "average over 2 test images",
     ]
+
+
+@pytest.mark.parametrize("port", ["99999", "-1", "65536"])
+def test_a_port_that_cannot_be_served_is_refused_before_the_site_is_written(
+    position_only, tmp_path, capsys, port
+):
+    out = tmp_path / "site"
+    assert main(["explore", str(position_only), "--out", str(out), "--serve", "--port", port]) == 2
+    assert capsys.readouterr().err == (
+        f"attnconv explore: error: --port must be in [0, 65535] (0 picks a free one), got {port}\n"
+    )
+    assert not out.exists()

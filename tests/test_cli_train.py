@@ -123,3 +123,17 @@ def test_a_tcnn_preset_transforms_a_cnn_init_as_attnconv_transform_does(captured
     other = load_checkpoint(tmp_path / "t4" / "transformed.pt")["model"]
     key = "network.stages.3.0.conv1.query.weight"
     assert not torch.equal(other[key], init["model"][key])  # the seed draws them
+
+
+@pytest.mark.parametrize("hidden", ["99999999999999999999", "1000000000000"])
+def test_a_model_override_too_large_to_build_is_one_line(tmp_path, capsys, hidden):
+    """Too large for a tensor size (an overflow in torch's C++, whose message carries its stack
+    frames) or for the memory: one line naming the override, exit status 2."""
+    argv = ["train", "--preset", "quick", "--out", str(tmp_path / "r"), f"model.hidden={hidden}"]
+    assert main([*argv, *QUIET]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert err.startswith(
+        f"attnconv train: error: model.hidden={hidden}: the 'quick' model cannot be built on "
+        f"digits with it ("
+    )

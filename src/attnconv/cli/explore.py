@@ -12,6 +12,7 @@ from attnconv.errors import UserError
 
 IMAGES = 4  # test images in the site, unless --images says otherwise
 PORT = 8000
+MAX_PORT = 65535  # TCP port numbers are 16-bit
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -196,6 +197,8 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("--weights-dir is for --pretrained; a checkpoint holds its own weights")
     if args.port is not None and not args.serve:
         raise UserError("--port is for --serve; without it the site is only written")
+    if args.port is not None and not 0 <= args.port <= MAX_PORT:
+        raise UserError(f"--port must be in [0, {MAX_PORT}] (0 picks a free one), got {args.port}")
     if args.pretrained is not None:
         entries, skipped = pretrained_entries(args)
         title = "attnconv explorer: shipped models"

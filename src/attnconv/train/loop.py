@@ -414,12 +414,13 @@ class Trainer:
             architecture, arguments = preset_arguments(config.preset, **overrides)
             try:
                 return MODELS[architecture](**arguments), architecture, arguments
-            except (TypeError, ValueError) as err:
+            except (TypeError, ValueError, RuntimeError) as err:  # RuntimeError: out of memory
                 given = " ".join(f"model.{k}={v}" for k, v in config.model.items())
+                reason = str(err).strip().splitlines()[0]  # torch's C++ errors add stack frames
                 raise UserError(
                     f"{given or 'its preset arguments'}: the {config.preset!r} model cannot be "
                     f"built on {config.dataset} with {'it' if len(config.model) == 1 else 'them'} "
-                    f"({err})"
+                    f"({reason})"
                 ) from err
         return self._init_model(load_init_checkpoint(config.init) if init is None else init)
 
