@@ -137,3 +137,105 @@ def test_unreadable_weights_are_named(tmp_path):
         read_state_dict(listing)
     with pytest.raises(UserError, match=r"weights file .* does not exist"):
         build_third_party("timm:vit_tiny_patch16_224", tmp_path / "missing.safetensors")
+
+
+def unreadable_weights(folder, kind: str):
+    """A weights file attnconv cannot use, of the kind named."""
+    if kind == "empty.pth":
+        path = folder / "empty.pth"
+        path.write_bytes(b"")
+        return path
+    path = folder / f"{kind}.safetensors"
+    if kind == "empty":
+        path.write_bytes(b"")
+    elif kind == "truncated":
+        save_file({"cls_token": torch.zeros(1, 1, 192), "pos_embed": torch.zeros(1, 5, 192)}, path)
+        path.write_bytes(path.read_bytes()[:-100])
+    elif kind == "oversized-header":
+        path.write_bytes((2**62).to_bytes(8, "little") + b'{"a": 1}')
+    elif kind == "pickle-named":
+        torch.save(vit_tiny(seed=0).state_dict(), path)
+    elif kind == "no-tensors":
+        save_file({}, path)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("kind", "message"),
+    [
+        ("empty", "is not a readable safetensors file"),
+        ("truncated", "is not a readable safetensors file"),
+        ("oversized-header", "is not a readable safetensors file"),
+        ("pickle-named", "is not a readable safetensors file"),
+        ("empty.pth", "is not a state dict torch can load without running code"),
+        ("no-tensors", "holds no tensors"),
+    ],
+)
+def test_timm_weights_it_cannot_read_are_one_line(tmp_path, kind, message):
+    path = unreadable_weights(tmp_path, kind)
+    with pytest.raises(UserError, match=message) as info:
+        build_third_party("timm:vit_tiny_patch16_224", path, image_size=32)
+    assert "\n" not in str(info.value) and path.name in str(info.value)
+
+
+def test_analyze_with_weights_it_cannot_read_is_one_line(tmp_path, capsys):
+    from attnconv.cli import main
+
+    path = unreadable_weights(tmp_path, "truncated")
+    argv = ["analyze", "timm:vit_tiny_patch16_224", "--weights", str(path), "--out", str(tmp_path)]
+    assert main([*argv, "--image-size", "32"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "is not a readable safetensors file" in err
+
+
+def damaged(state: dict[str, torch.Tensor], token: str, damage: str) -> dict[str, torch.Tensor]:
+    """``state`` with NaN in the weight ``token``, or with that weight stored as int8."""
+    state = {k: v.clone().contiguous() for k, v in state.items()}
+    if damage == "nan":
+        state[token][0, 0, 3] = float("nan")
+    else:
+        state[token] = state[token].round().to(torch.int8)
+    return state
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        ("nan", "holds NaN or infinite values"),
+        ("int8", "is stored as torch.int8, where the model holds floating point"),
+    ],
+)
+@pytest.mark.parametrize(
+    ("spec", "token"),
+    [("timm:vit_tiny_patch16_224", "cls_token"), ("torchvision:vit_b_32", "class_token")],
+)
+def test_weights_that_are_not_finite_floating_point_are_refused(
+    tmp_path, spec, token, damage, message
+):
+    """Found before anything is built from them (a NaN reached the figures minutes later)."""
+    torch.manual_seed(0)
+    state = build_third_party(spec, None, image_size=32).model.state_dict()
+    path = tmp_path / "weights.safetensors"
+    save_file(damaged(state, token, damage), path)
+    with pytest.raises(UserError, match=f"^weights.safetensors: weight {token} {message}"):
+        build_third_party(spec, path, image_size=32)
+
+
+def test_torchvision_classifier_is_sized_only_from_a_weight_that_fits(tmp_path):
+    """An empty heads.head.weight of shape (10**9, 0) would have asked for a 3 TB classifier."""
+    path = tmp_path / "lying.safetensors"
+    save_file({"heads.head.weight": torch.empty(10**9, 0), "heads.head.bias": torch.zeros(3)}, path)
+    with pytest.raises(UserError) as info:
+        build_third_party("torchvision:vit_b_32", path, image_size=32)
+    assert str(info.value) == (
+        "lying.safetensors: heads.head.weight has shape (1000000000, 0), but "
+        "torchvision:vit_b_32 takes (classes, 768)"
+    )
+
+
+def test_torchvision_image_size_must_be_a_multiple_of_the_patch_size():
+    with pytest.raises(UserError) as info:
+        build_third_party("torchvision:vit_b_16", None, image_size=30)
+    assert str(info.value) == (
+        "torchvision:vit_b_16 takes image sizes that are multiples of its patch size 16, got 30"
+    )

@@ -148,6 +148,31 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     return loaded
 
 
+def read_weights(path: str | Path, reference: nn.Module) -> dict[str, torch.Tensor]:
+    """The tensors of the weights file ``path`` (``read_state_dict``), checked before anything is
+    built from them: at least one, every floating-point one finite, and each that ``reference``
+    (the model, typically on the meta device) holds in floating point stored in floating point
+    (int8 and other quantised encodings would be cast to nonsense values). UserError naming the
+    file and the weight."""
+    path = Path(path)
+    state = read_state_dict(path)
+    if not state:
+        raise UserError(f"{path.name} holds no tensors")
+    floating = {k for k, v in reference.state_dict().items() if v.is_floating_point()}
+    for name, tensor in state.items():
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            raise UserError(
+                f"{path.name}: weight {name} holds NaN or infinite values; the file is damaged or "
+                f"was saved from a diverged run"
+            )
+        if name in floating and not tensor.is_floating_point():
+            raise UserError(
+                f"{path.name}: weight {name} is stored as {tensor.dtype}, where the model holds "
+                f"floating point; save the weights dequantised"
+            )
+    return state
+
+
 def load_into(model: nn.Module, state: dict[str, torch.Tensor], name: str, path: Path) -> None:
     """``model.load_state_dict(state)`` with a one-line UserError when they do not fit."""
     try:
@@ -167,9 +192,9 @@ def _size_pair(size: int | Sequence[int]) -> tuple[int, int]:
 def build_timm(
     name: str, weights: str | Path | None, image_size: int | None = None
 ) -> ThirdPartyModel:
-    """timm's model ``name`` (``timm.create_model``), with the weights of a local file (loaded by
-    timm's own loader, which adapts checkpoints of the original repositories and resamples
-    position embeddings to ``image_size``) or random ones."""
+    """timm's model ``name`` (``timm.create_model``), with the weights of a local file (read and
+    checked by ``read_weights``, then handed to timm's own loader, which adapts checkpoints of the
+    original repositories and resamples position embeddings to ``image_size``) or random ones."""
     timm = import_timm()
     if not timm.is_model(name):
         raise UserError(f"timm has no model {name!r} (timm.list_models() names them)")
@@ -178,11 +203,12 @@ def build_timm(
         model = timm.create_model(name, pretrained=False, **kwargs)
     else:
         path = Path(weights)
-        if not path.is_file():
-            raise UserError(f"weights file {str(path)!r} does not exist")
+        with torch.device("meta"):  # the shapes and types only, to check the file against
+            reference = timm.create_model(name, pretrained=False, **kwargs)
+        state = timm.models.clean_state_dict(read_weights(path, reference))
         try:
             model = timm.create_model(
-                name, pretrained=True, pretrained_cfg_overlay={"file": str(path)}, **kwargs
+                name, pretrained=True, pretrained_cfg_overlay={"state_dict": state}, **kwargs
             )
         except RuntimeError as err:
             lines = [line.strip() for line in str(err).splitlines() if line.strip()]
@@ -206,30 +232,46 @@ def build_torchvision(
     name: str, weights: str | Path | None, image_size: int | None = None
 ) -> ThirdPartyModel:
     """torchvision's model ``name`` (``torchvision.models.get_model``, built for ``image_size``
-    when given), with the weights of a local file or random ones; the classifier is sized from
-    the file's ``heads.head.weight`` when it has one."""
+    when given, a multiple of its patch size), with the weights of a local file (``read_weights``)
+    or random ones; the classifier is sized from the file's ``heads.head.weight`` when it has one
+    of the model's width, which its bytes then back."""
     torchvision = import_torchvision()
     if name not in torchvision.models.list_models():
         raise UserError(
             f"torchvision has no model {name!r} (torchvision.models.list_models() names them)"
         )
-    kwargs: dict[str, Any] = {} if image_size is None else {"image_size": image_size}
+    with torch.device("meta"):  # the architecture, to check the options and the file against
+        reference = torchvision.models.get_model(name, weights=None)
+    if getattr(reference, "image_size", None) is None:
+        raise UserError(f"torchvision:{name} is not a vision transformer (no image_size)")
+    kwargs: dict[str, Any] = {}
+    if image_size is not None:
+        if image_size % reference.patch_size:
+            raise UserError(
+                f"torchvision:{name} takes image sizes that are multiples of its patch size "
+                f"{reference.patch_size}, got {image_size}"
+            )
+        kwargs["image_size"] = image_size
     state = None
     if weights is not None:
-        state = read_state_dict(weights)
-        if "heads.head.weight" in state:
-            kwargs["num_classes"] = int(state["heads.head.weight"].shape[0])
+        state = read_weights(weights, reference)
+        head = state.get("heads.head.weight")
+        if head is not None:
+            width = reference.heads.head.in_features
+            if head.dim() != 2 or head.shape[0] < 1 or head.shape[1] != width:
+                raise UserError(
+                    f"{Path(weights).name}: heads.head.weight has shape {tuple(head.shape)}, but "
+                    f"torchvision:{name} takes (classes, {width})"
+                )
+            kwargs["num_classes"] = head.shape[0]
     model = torchvision.models.get_model(name, weights=None, **kwargs)
     if state is not None:
         load_into(model, state, f"torchvision:{name}", Path(weights))
-    size = getattr(model, "image_size", None)
-    if size is None:
-        raise UserError(f"torchvision:{name} is not a vision transformer (no image_size)")
     return ThirdPartyModel(
         model.eval(),
         f"torchvision:{name}",
         "random" if weights is None else Path(weights).name,
-        _size_pair(size),
+        _size_pair(model.image_size),
         IMAGENET_MEAN,
         IMAGENET_STD,
     )
