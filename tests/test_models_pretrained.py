@@ -123,8 +123,12 @@ RANDOM_BYTES = bytes(torch.randint(0, 256, (64,), generator=torch.Generator().ma
         (b'[{"name": "tiny"}]', "entry 1 (tiny) lacks description, dataset, architecture"),
         (("architecture", ["x"]), "entry 1 (tiny) has a malformed architecture (an array, "),
         (("test_accuracy", "x"), "entry 1 (tiny) has a malformed test_accuracy (a string, "),
+        (b"[" * 100_000, "is corrupted: not UTF-8 JSON (nested too deeply)"),
     ],
-    ids=["random bytes", "not UTF-8", "an object", "a number", "fields missing", "array", "str"],
+    ids=[
+        "random bytes", "not UTF-8", "an object", "a number", "fields missing", "array", "str",
+        "nested",
+    ],
 )
 def test_a_broken_index_is_one_line_naming_it(tmp_path, index, message):
     export_quick(tmp_path)

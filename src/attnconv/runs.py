@@ -157,6 +157,15 @@ def write_json(path: str | Path, value: Any) -> None:
     write_text_atomic(path, json.dumps(value, indent=2) + "\n")
 
 
+def parse_json(text: str) -> Any:
+    """``json.loads(text)``; JSON nested deeper than Python's reader goes (its RecursionError) is
+    a ValueError, as any other malformed JSON is."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+
+
 def _fsync_directory(folder: Path) -> None:
     """Make a rename durable (POSIX); a no-op where folders cannot be opened."""
     try:

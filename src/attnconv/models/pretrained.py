@@ -30,7 +30,7 @@ from torch import nn
 from attnconv.errors import UserError
 from attnconv.models.checkpoint import rebuild
 from attnconv.models.presets import full_arguments
-from attnconv.runs import write_atomic
+from attnconv.runs import parse_json, write_atomic
 
 WEIGHTS_DIR = Path(__file__).with_name("weights")
 INDEX_NAME = "index.json"
@@ -86,8 +86,8 @@ def _read_index(folder: Path) -> dict[str, PretrainedInfo]:
         )
 
     try:
-        entries = json.loads(path.read_bytes().decode("utf-8"))
-    except ValueError as err:  # UnicodeDecodeError, JSONDecodeError
+        entries = parse_json(path.read_bytes().decode("utf-8"))
+    except ValueError as err:  # UnicodeDecodeError, JSONDecodeError, too deeply nested
         reason = str(err).splitlines()[0][:120]
         raise corrupted(f"not UTF-8 JSON ({reason})") from err
     if not isinstance(entries, list):
@@ -261,8 +261,8 @@ def sample_images(dataset: str, folder: str | Path = WEIGHTS_DIR) -> tuple[torch
         with safe_open(str(path), framework="pt") as handle:
             images = handle.get_tensor("images")
             labels = handle.get_tensor("labels")
-            classes = json.loads(handle.metadata()["classes"])
-    except (SafetensorError, KeyError, json.JSONDecodeError) as err:
+            classes = parse_json(handle.metadata()["classes"])
+    except (SafetensorError, KeyError, ValueError) as err:
         raise PretrainedError(f"the shipped test images {path} cannot be read ({err})") from err
     captions = [f"test {i}: {classes[int(y)]}" for i, y in enumerate(labels)]
     return images.float() / 255.0, captions
