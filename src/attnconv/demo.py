@@ -14,8 +14,9 @@
    measured again in float32, the precision of the stated figure, when Fashion-MNIST is
    installed (else one line says how to get it).
 
-Steps 3 and 4 print a line as each of their parts starts, and a progress bar while the test
-images are evaluated. Everything lands in one folder: ``theorem1.txt``, ``run/`` (a run folder:
+Steps 3 and 4 print a line as each of their parts starts, and on a terminal a progress bar while
+the test images are evaluated (training: a bar on a terminal, elsewhere a line every
+``attnconv.train.loop.LOG_INTERVAL`` steps). Everything lands in one folder: ``theorem1.txt``, ``run/`` (a run folder:
 config, metrics, ``best.pt`` and ``last.pt``, TensorBoard), ``figures/`` and ``demo.json`` (the
 numbers printed at the end). Training runs in the precision ``auto`` picks for the machine
 (``attnconv.hardware``); ``demo.json`` says which.
@@ -23,6 +24,7 @@ numbers printed at the end). Training runs in the precision ``auto`` picks for t
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -189,14 +191,16 @@ def shipped_model_step(out_dir: Path, progress: bool = True) -> dict[str, Any]:
 
 def _shipped_test_counts(test: ImageSet, progress: bool, chunk: int = 1000) -> tuple[float, float]:
     """``(correct, images)`` of the shipped model on ``test`` in float32, ``chunk`` images at a
-    time so that a bar can follow."""
+    time so that a bar can follow (``progress`` and stderr a terminal: a bar redrawn in place
+    would leave its every frame in a log file)."""
     from attnconv.data import BatchLoader, ImageSet
     from attnconv.models.pretrained import load_pretrained
     from attnconv.train.loop import evaluation_sums
 
     model = load_pretrained(SHIPPED)
     correct = seen = 0.0
-    with tqdm(total=len(test), unit="img", disable=not progress, leave=False) as bar:
+    live = progress and sys.stderr.isatty()
+    with tqdm(total=len(test), unit="img", disable=not live, leave=False, file=sys.stderr) as bar:
         for start in range(0, len(test), chunk):
             part = ImageSet(test.images[start : start + chunk], test.labels[start : start + chunk])
             loader = BatchLoader(part, 500, device="cpu", train=False, flip=False)

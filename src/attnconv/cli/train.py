@@ -16,6 +16,7 @@ from typing import Any
 
 from attnconv.hardware import PRECISIONS
 from attnconv.runs import RunDir
+from attnconv.train.loop import LOG_INTERVAL
 
 # The typed flags: the TrainConfig field each one sets.
 FLAG_FIELDS: tuple[str, ...] = ("data_dir", "epochs", "precision", "device", "init")
@@ -46,6 +47,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "CPUs with AMX or AVX512-BF16), else float32; fp32; bf16 (warns where "
                         "slow)")
     parser.add_argument("--compile", action="store_true", help="torch.compile the model")
+    parser.add_argument(
+        "--log-interval", type=int, metavar="N", default=LOG_INTERVAL,
+        help="where stderr is not a terminal (nohup, tee, a log file, a notebook), print a line "
+        "every N optimizer steps: loss, learning rate, images per second and the time left; 0: "
+        f"only the line per epoch; also with --resume (default: {LOG_INTERVAL})",
+    )
     parser.add_argument("--device", help="auto (CUDA if available), cpu, cuda or cuda:N")
     parser.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR exactly "
                         "where its last checkpoint left it, with the config saved in that "
@@ -123,6 +130,7 @@ def run(args: argparse.Namespace) -> int:
             epochs=args.epochs if args.resume is not None else None,
             init_checkpoint=init,
             epoch_figure=attention_figure,
+            log_interval=args.log_interval,
         )
     except NonFiniteLossError as err:
         print(f"attnconv train: stopped: {err}", file=sys.stderr)

@@ -63,7 +63,8 @@ class TrainConfig:
     parameters train without weight decay (``attnconv.models.decay``: ``"original"``, the paper's
     code, exempts only the Gaussian centres and spreads; configs saved before this setting
     existed resume with ``"norms-biases-positional"``, the rule they ran with); ``progress``: a progress bar
-    on stderr when it is a terminal (elsewhere, e.g. a log file, only the line per epoch);
+    on stderr when it is a terminal, elsewhere (a log file, a pipe, a notebook) a line every
+    ``train(log_interval=...)`` steps; false: neither, only the line per epoch;
     ``precision`` ``auto`` (bfloat16 autocast where the device computes in bfloat16 natively, else
     float32; see ``attnconv.hardware``), ``fp32`` or ``bf16``. A run replaces ``auto`` by the
     precision it resolved to before saving the config, so a resumed run keeps the arithmetic it

@@ -21,13 +21,42 @@ from attnconv.runs import RunDir, write_text_atomic
 EpochFigure = Callable[[nn.Module, tuple[int, int]], Any]
 
 
-def format_record(record: dict[str, Any], epochs: int) -> str:
-    """One console line for an epoch record of ``metrics.jsonl``."""
-    return (
+def format_duration(seconds: float) -> str:
+    """``seconds`` as ``H:MM:SS`` (``3725.4`` -> ``1:02:05``), rounded to the second."""
+    minutes, secs = divmod(round(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}"
+
+
+def format_record(record: dict[str, Any], epochs: int, eta_s: float | None = None) -> str:
+    """One console line for an epoch record of ``metrics.jsonl``; ``eta_s``: the seconds the
+    rest of the run is expected to take, shown as ``ETA H:MM:SS`` (None: left out)."""
+    line = (
         f"epoch {record['epoch']}/{epochs}  train loss {record['train_loss']:.4f} "
         f"acc {record['train_acc']:.4f} | val loss {record['val_loss']:.4f} "
         f"acc {record['val_acc']:.4f} | lr {record['lr']:.3g} | "
         f"{record['images_per_s']:.0f} img/s, {record['epoch_time_s']:.1f}s"
+    )
+    return line if eta_s is None else f"{line} | ETA {format_duration(eta_s)}"
+
+
+def format_step(
+    epoch: int,
+    epochs: int,
+    step: int,
+    steps: int,
+    loss: float,
+    lr: float,
+    images_per_s: float,
+    eta_s: float,
+) -> str:
+    """The line a run prints every few optimizer steps where no progress bar can redraw: epoch
+    ``epoch`` of ``epochs`` (1-based), optimizer step ``step`` of the run's ``steps``, the mean
+    training loss of the epoch so far, the learning rate of the last update, images per second
+    over the epoch so far and the seconds the rest of the run is expected to take."""
+    return (
+        f"epoch {epoch}/{epochs}  step {step}/{steps}  loss {loss:.4f} | lr {lr:.3g} | "
+        f"{images_per_s:.0f} img/s | ETA {format_duration(eta_s)}"
     )
 
 
@@ -69,11 +98,18 @@ class RunLogger:
             self.writer.add_scalar("loss/train_step", loss, step)
             self.writer.add_scalar("lr", lr, step)
 
-    def epoch(self, record: dict[str, Any], model: nn.Module, image_size: tuple[int, int]) -> None:
-        """Console line and TensorBoard scalars (+ attention figure) for one finished epoch."""
+    def epoch(
+        self,
+        record: dict[str, Any],
+        model: nn.Module,
+        image_size: tuple[int, int],
+        eta_s: float | None = None,
+    ) -> None:
+        """Console line and TensorBoard scalars (+ attention figure) for one finished epoch;
+        ``eta_s``: the seconds the rest of the run is expected to take (``format_record``)."""
         if not self.enabled:
             return
-        self.print(format_record(record, self.epochs))
+        self.print(format_record(record, self.epochs, eta_s))
         if self.writer is None:
             return
         step = record["epoch"]

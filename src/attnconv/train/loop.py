@@ -69,10 +69,13 @@ from attnconv.runs import (
 from attnconv.train import distributed
 from attnconv.train.checkpoint import rng_state, set_rng_state
 from attnconv.train.config import TrainConfig, extended_config, save_config, training_command
-from attnconv.train.logger import EpochFigure, RunLogger
+from attnconv.train.logger import EpochFigure, RunLogger, format_step
 from attnconv.train.schedule import LRSchedule, build_schedule
 
 CHECK_EVERY = 10  # steps between loss-finiteness checks and progress-bar updates
+# Optimizer steps between the progress lines of a run whose stderr is not a terminal (a log file,
+# a pipe, nohup, a notebook), where the progress bar cannot redraw in place.
+LOG_INTERVAL = 50
 
 
 class NonFiniteLossError(RuntimeError):
@@ -88,6 +91,7 @@ def train(
     epochs: int | None = None,
     init_checkpoint: dict[str, Any] | None = None,
     epoch_figure: EpochFigure | None = None,
+    log_interval: int = LOG_INTERVAL,
 ) -> dict[str, Any]:
     """Train (or, with ``resume``, continue) the run in ``run_dir``; returns the summary dict.
 
@@ -105,6 +109,11 @@ def train(
         epoch_figure: ``(model, (H, W)) -> matplotlib Figure`` drawn into TensorBoard after
             every epoch for models with attention (``attnconv.viz.figures.attention_figure``);
             None: scalars only.
+        log_interval: where ``config.progress`` asks for progress but stderr is not a terminal
+            (a log file, a pipe, a notebook), a line every ``log_interval`` optimizer steps of the
+            run (``attnconv.train.logger.format_step``: loss, rate, images per second, ETA); 0:
+            none, only the line per epoch. A setting of this call, not of the run: a resume
+            takes its own.
 
     Joins the ``torchrun`` process group when launched by it; the main rank holds the run
     folder's lock throughout. Raises NonFiniteLossError if training diverges
@@ -126,11 +135,20 @@ def train(
         raise TypeError(
             "train(epochs=...) extends a resumed run; a new run's length is config.epochs"
         )
+    if log_interval < 0:
+        raise UserError(f"log_interval must be >= 0 steps (0: no step lines), got {log_interval}")
     context = distributed.setup(config.device)
     try:
         with locked_run(run.root) if context.is_main else nullcontext() as lock:
             trainer = Trainer(
-                config, run.root, context, resumed, init_checkpoint, epoch_figure, lock=lock
+                config,
+                run.root,
+                context,
+                resumed,
+                init_checkpoint,
+                epoch_figure,
+                lock=lock,
+                log_interval=log_interval,
             )
             return trainer.fit()
     except KeyboardInterrupt as err:
@@ -291,8 +309,11 @@ class Trainer:
         epoch_figure: EpochFigure | None = None,
         *,
         lock: RunLock | None = None,
+        log_interval: int = LOG_INTERVAL,
     ) -> None:
         self.lock = lock  # the run folder's, held by the main rank: checked before each write
+        self.log_interval = log_interval  # steps between progress lines off a terminal (train)
+        self.validation_s = 0.0  # seconds of the last validation pass (ETA); 0 before the first
         self.device = context.device
         if self.device.type == "cpu":
             reuse_freed_memory()  # no page faults for each step's large tensors: attnconv.memory
@@ -681,9 +702,12 @@ class Trainer:
             device=self.device,
         )
         global_batch = config.batch_size
-        # The bar redraws in place, so only on a terminal; in a file or a pipe (CI logs, nohup)
-        # the epoch's summary line is the one line it gets.
-        live = self.context.is_main and config.progress and sys.stderr.isatty()
+        # The bar redraws in place, so only on a terminal; in a file or a pipe (CI logs, nohup,
+        # a notebook) a line every log_interval steps says where the run is instead.
+        terminal = sys.stderr.isatty()
+        live = self.context.is_main and config.progress and terminal
+        step_lines = config.progress and not terminal
+        total_steps = config.epochs * self.steps_per_epoch
         bar = tqdm(
             total=self.steps_per_epoch * global_batch,
             initial=start_batch * global_batch,
@@ -727,11 +751,31 @@ class Trainer:
                 and not last_batch
                 and self.step % config.checkpoint_steps == 0
             )
-            if mid_checkpoint or in_epoch % CHECK_EVERY == 0:
+            # every rank reaches the same steps here: _check_finite sums over the ranks
+            line_due = self.log_interval > 0 and self.step % self.log_interval == 0
+            if mid_checkpoint or line_due or in_epoch % CHECK_EVERY == 0:
                 running = self._check_finite(sums)
                 bar.set_postfix(loss=f"{running:.4f}", lr=f"{lr:.3g}")
                 self._check_lock()  # before TensorBoard writes into the folder
                 self.logger.step(self.step, running, lr)
+                if line_due and step_lines:
+                    seconds = time.perf_counter() - started
+                    per_step = seconds / (in_epoch - start_batch)
+                    eta = (total_steps - self.step) * per_step + (
+                        config.epochs - epoch
+                    ) * self.validation_s
+                    self.logger.print(
+                        format_step(
+                            epoch + 1,
+                            config.epochs,
+                            self.step,
+                            total_steps,
+                            running,
+                            lr,
+                            global_batch / per_step,
+                            eta,
+                        )
+                    )
             if mid_checkpoint:
                 totals = distributed.all_reduce_sum(sums.tolist(), self.device)
                 progress = dict(zip(("loss_sum", "correct", "seen"), totals, strict=True))
@@ -786,8 +830,11 @@ class Trainer:
             logger.print(note)
         try:
             while self.epoch < config.epochs:
+                steps_left = self.steps_per_epoch * (self.epoch + 1) - self.step
                 record = self._train_epoch()
+                validation_started = time.perf_counter()
                 val_loss, val_acc = self.evaluate(self.val_loader, self.model)
+                self.validation_s = time.perf_counter() - validation_started
                 if not math.isfinite(val_loss):
                     self._diverged(f"the validation loss is {val_loss}")
                 self._check_state()
@@ -815,7 +862,13 @@ class Trainer:
                 }
                 self.metrics.append(record)
                 self._check_lock()
-                logger.epoch(record, self.model, self.data.image_size)
+                # the epochs left at this epoch's pace: its training steps scaled to a whole
+                # epoch (a resumed one ran only part), and its validation
+                epoch_s = (
+                    record["epoch_time_s"] * self.steps_per_epoch / steps_left + self.validation_s
+                )
+                eta = (config.epochs - self.epoch) * epoch_s
+                logger.epoch(record, self.model, self.data.image_size, eta)
                 # last.pt first: a kill before a copy is written is repaired by the resume.
                 self._save(self._checkpoint(None), self.run.last, *self._epoch_copies(self.epoch))
                 with self._writing(self.run.metrics):
