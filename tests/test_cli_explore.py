@@ -1,10 +1,14 @@
 """`attnconv explore`: options that would do nothing in a combination are refused in one line."""
 
+import json
+import shutil
+
 import pytest
 
 from attnconv.cli import main
 from attnconv.models import create_model
 from attnconv.models.pretrained import sample_images
+from attnconv.viz.export import read_data
 from viz_helpers import save_checkpoint
 
 
@@ -91,4 +95,108 @@ def test_a_port_that_cannot_be_served_is_refused_before_the_site_is_written(
     assert capsys.readouterr().err == (
         f"attnconv explore: error: --port must be in [0, 65535] (0 picks a free one), got {port}\n"
     )
+    assert not out.exists()
+
+
+def test_a_site_of_every_kind_reads_back_as_it_was_written(tmp_path):
+    """Position-only, content and transformed models (the shipped ones) pass the checks of what
+    --add reads, and land on the new page unchanged."""
+    shipped = tmp_path / "shipped"
+    assert main(["explore", "--pretrained", "all", "--images", "2", "--out", str(shipped)]) == 0
+    again = tmp_path / "again"
+    assert main(["explore", "--add", str(shipped), "--out", str(again)]) == 0
+    models = read_data(shipped / "data.js")["models"]
+    assert {m["kind"] for m in models} == {"position", "content", "probabilities"}
+    assert read_data(again / "data.js")["models"] == models
+    for path in shipped.glob("models/*/*.js"):
+        assert read_data(again / path.relative_to(shipped)) == read_data(path)
+
+
+def assigned(value) -> str:
+    return "window.ATTNCONV_SITE = " + json.dumps(value) + ";\n"
+
+
+def edit_model(site, change) -> None:
+    """Apply ``change`` to the object of ``site``'s first model file."""
+    path = site / "models" / "0" / "model.js"
+    text = path.read_text()
+    start, end = text.index("= ") + 2, text.rindex(";")
+    data = json.loads(text[start:end])
+    change(data)
+    path.write_text(text[:start] + json.dumps(data) + text[end:])
+
+
+def edit_manifest(site, change) -> None:
+    path = site / "data.js"
+    manifest = read_data(path)
+    change(manifest)
+    path.write_text(assigned(manifest))
+
+
+def _set(key, value):
+    return lambda entry: entry.__setitem__(key, value)
+
+
+BROKEN_SITES = {
+    "plain text": (lambda site: (site / "data.js").write_text("hello"), "data.js is not an "
+                   "explorer data file (substring not found)"),
+    "empty": (lambda site: (site / "data.js").write_text(""), "data.js is not an explorer data"),
+    "not UTF-8": (lambda site: (site / "data.js").write_bytes(b"\xff\xfe= [];"),
+                  "data.js is not an explorer data file ('utf-8' codec can't decode"),
+    "not JSON": (lambda site: (site / "data.js").write_text("window.X = {nope};"),
+                 "data.js is not an explorer data file (Expecting property name"),
+    "nested": (lambda site: (site / "data.js").write_text("window.X = " + "[" * 100_000 + ";"),
+               "data.js is not an explorer data file (nested too deeply)"),
+    "a list": (lambda site: (site / "data.js").write_text("window.X = [1];"),
+               "data.js assigns a list, expected a JSON object"),
+    "no models": (lambda site: edit_manifest(site, lambda m: m.pop("models")),
+                  "data.js: the site lacks 'models'"),
+    "no description": (
+        lambda site: edit_manifest(site, lambda m: m["models"][0].pop("description")),
+        "data.js: model 0 lacks 'description'",
+    ),
+    "outside file": (
+        lambda site: edit_manifest(site, lambda m: m["models"][0].update(file="/etc/hostname")),
+        "data.js: the file '/etc/hostname' lies outside the site",
+    ),
+    "climbing file": (
+        lambda site: edit_manifest(site, lambda m: m["models"][0].update(file="../../x.js")),
+        "data.js: the file '../../x.js' lies outside the site",
+    ),
+    "huge grid": (lambda site: edit_model(site, _set("grid", [10**9, 10**9])),
+                  "model.js: layer 0's row factors holds"),
+    "fractional grid": (lambda site: edit_model(site, _set("grid", [1e9, 1e9])),
+                        "model.js: the token grid is [1000000000.0, 1000000000.0], expected 2 "
+                        "positive whole numbers"),
+    "huge image": (lambda site: edit_model(site, _set("image_size", [10**9, 10**9])),
+                   "model.js: image 0's pixels holds"),
+    "more heads": (lambda site: edit_model(site, _set("heads", [10**6] * 100)),
+                   "layers, expected 100"),
+    "unknown kind": (lambda site: edit_model(site, _set("kind", "other")),
+                     "model.js: the model is of kind 'other', expected one of"),
+}
+
+
+@pytest.fixture(scope="module")
+def shipped_site(tmp_path_factory):
+    """The site of a shipped position-only model, with one test image under its query picker."""
+    site = tmp_path_factory.mktemp("shipped") / "site"
+    argv = ["explore", "--pretrained", "quadratic-fashion", "--images", "1", "--out", str(site)]
+    assert main(argv) == 0
+    return site
+
+
+@pytest.mark.parametrize("damage", list(BROKEN_SITES))
+def test_a_site_that_is_not_what_explore_writes_is_one_line_naming_its_file(
+    shipped_site, tmp_path, capsys, damage
+):
+    site = tmp_path / "site"
+    shutil.copytree(shipped_site, site)
+    capsys.readouterr()
+    change, message = BROKEN_SITES[damage]
+    change(site)
+    out = tmp_path / "out"
+    assert main(["explore", "--add", str(site), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err, err
     assert not out.exists()

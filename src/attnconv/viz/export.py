@@ -69,7 +69,15 @@ from attnconv.attention import MultiHeadSelfAttention2d, scores
 from attnconv.errors import UserError
 from attnconv.models.modes import evaluating
 from attnconv.models.transformed import TransformedNetwork
+from attnconv.runs import parse_json
 from attnconv.viz.maps import attention_layers, compute_attention, token_grid
+from attnconv.viz.site_check import (
+    SiteError,
+    check_image_file,
+    check_manifest,
+    check_model,
+    site_file,
+)
 
 FORMAT = "attnconv-explorer"
 VERSION = 1
@@ -626,30 +634,51 @@ def _write_data(out: Path, file: str, payload: dict[str, Any]) -> Path:
 
 
 def read_data(path: str | Path) -> dict[str, Any]:
-    """The object a site's data file (``data.js`` or one under ``models/``) assigns."""
-    text = Path(path).read_text()
-    return json.loads(text[text.index("= ") + 2 : text.rindex(";")])
+    """The object a site's data file (``data.js`` or one under ``models/``) assigns. SiteError
+    naming the file unless it is UTF-8 text assigning a JSON object."""
+    path = Path(path)
+    try:
+        text = path.read_bytes().decode("utf-8")
+        start, end = text.index("= ") + 2, text.rindex(";")
+        data = parse_json(text[start:end])
+    except ValueError as err:  # not UTF-8, no assignment, malformed JSON
+        reason = str(err).splitlines()[0][:120]
+        raise SiteError(
+            f"{path} is not an explorer data file ({reason}); expected the JavaScript "
+            f"attnconv explore writes, an assignment of a JSON object"
+        ) from err
+    if not isinstance(data, dict):
+        raise SiteError(f"{path} assigns a {type(data).__name__}, expected a JSON object")
+    return data
 
 
 def read_site(site_dir: str | Path) -> list[PreparedModel]:
     """The models of an explorer site written by ``write_explorer``, to put on another page.
-    UserError if ``site_dir`` holds no such site."""
+    UserError if ``site_dir`` holds no such site; SiteError naming the file if the site names a
+    file outside its folder or its data is not what ``write_explorer`` writes
+    (``attnconv.viz.site_check``)."""
     root = Path(site_dir)
-    if not (root / "data.js").is_file():
+    manifest_path = root / "data.js"
+    if not manifest_path.is_file():
         raise UserError(f"{str(root)!r} is not an explorer site (it has no data.js)")
-    manifest = read_data(root / "data.js")
+    manifest = read_data(manifest_path)
     if manifest.get("format") != FORMAT or manifest.get("version") != VERSION:
         raise UserError(
-            f"{root / 'data.js'} is not a version-{VERSION} {FORMAT} site; write it again with "
+            f"{manifest_path} is not a version-{VERSION} {FORMAT} site; write it again with "
             f"this attnconv"
         )
     models = []
-    for info in manifest["models"]:
-        data = read_data(root / info["file"])
+    for info in check_manifest(manifest, manifest_path):
+        model_path = site_file(root, info["file"], manifest_path)
+        data = read_data(model_path)
+        check_model(data, model_path)
         files = []
         for image in data["images"]:
             if "file" in image:
-                files.append(read_data(root / image["file"]))
+                image_path = site_file(root, image["file"], model_path)
+                payload = read_data(image_path)
+                check_image_file(data, payload, "average" in image, image_path)
+                files.append(payload)
                 image["file"] = Path(image["file"]).name
         models.append(
             PreparedModel(
