@@ -316,10 +316,14 @@ def test_bad_input_raises_clear_errors():
         conv_to_attention(nn.Conv2d(2, 2, 3), spread="5")
 
     module = conv_to_attention(nn.Conv2d(2, 3, 3, dilation=2))
-    with pytest.raises(ValueError, match=r"\(B, C, H, W\) with C=2, got shape \(1, 3, 8, 8\)"):
+    with pytest.raises(ValueError, match=r"\(C, H, W\) with C=2, got shape \(1, 3, 8, 8\)"):
         module(torch.randn(1, 3, 8, 8))
+    with pytest.raises(
+        ValueError, match=r"\(B, C, H, W\) or \(C, H, W\) with C=2, got shape \(3, 8, 8\)"
+    ):
+        module(torch.randn(3, 8, 8))
     with pytest.raises(ValueError, match=r"\(B, C, H, W\)"):
-        module(torch.randn(2, 8, 8))
+        module(torch.randn(8, 8))
     with pytest.raises(TypeError, match=r"dtype torch\.float32"):
         module(torch.randn(1, 2, 8, 8, dtype=F64))
     with pytest.raises(TypeError, match=r"torch\.Tensor"):

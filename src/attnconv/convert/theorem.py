@@ -49,6 +49,7 @@ data-dependent); scripting supports hard attention only.
 
 from __future__ import annotations
 
+import copy
 import math
 from typing import Optional
 
@@ -99,7 +100,8 @@ class Standardize(nn.Module):
     """Weight standardisation: ``kernel (Cout, …) → (kernel − mean) / sqrt(var + eps)``.
 
     Mean and (biased) variance are taken per output channel, over all its input channels and taps,
-    as the weight-standardised convolutions of BiT/NFNet-style networks compute them.
+    as the weight-standardised convolutions of BiT-style networks compute them (NFNet also scales
+    the result: :class:`ScaledStandardize`).
     """
 
     def __init__(self, eps: float = 1e-5) -> None:
@@ -118,6 +120,26 @@ class Standardize(nn.Module):
         return f"eps={self.eps:g}"
 
 
+class ScaledStandardize(Standardize):
+    """Scaled weight standardisation (NFNet): :class:`Standardize`, then each output channel times
+    ``gain · scale``: ``kernel (Cout, …) → (kernel − mean) / sqrt(var + eps) · gain · scale``.
+
+    ``gain``: a trainable ``(Cout, 1, …)`` parameter of this module; ``scale``: a constant
+    (timm's ``ScaledStdConv2d``: ``gamma · fan_in^−½``, ``fan_in = Cin/groups · Kh · Kw``).
+    """
+
+    def __init__(self, gain: Tensor, scale: float, eps: float = 1e-6) -> None:
+        super().__init__(eps)
+        self.gain = nn.Parameter(gain.detach().clone(), requires_grad=gain.requires_grad)
+        self.scale = float(scale)
+
+    def forward(self, kernel: Tensor) -> Tensor:
+        return super().forward(kernel) * (self.gain * self.scale)
+
+    def extra_repr(self) -> str:
+        return f"eps={self.eps:g}, scale={self.scale:g}"
+
+
 class AttentionConv(nn.Module):
     """A ``Conv1d``/``Conv2d`` computed through :class:`MultiHeadSelfAttention2d` (Theorem 1).
 
@@ -134,7 +156,9 @@ class AttentionConv(nn.Module):
     (``kernel_size``, ``stride``, ``padding``, ``dilation``, ``groups``, ``padding_mode``), as on
     the original module.
     ``state_dict()`` holds ``weight`` and ``bias`` only, as the convolution's does, and loads the
-    convolution's.
+    convolution's; a weight transform's parameters (:class:`ScaledStandardize`'s ``gain``) sit
+    beside them, as on the layer it reproduces. The module pickles (``torch.save``) and takes
+    unbatched input, ``(in, H, W)`` or ``(in, L)``, as the convolution does.
     """
 
     __jit_ignored_attributes__ = ("attention",)  # the shift route below is the scripted forward
@@ -221,6 +245,21 @@ class AttentionConv(nn.Module):
         self.register_state_dict_post_hook(_drop_attention_keys)
         self.register_load_state_dict_pre_hook(_fill_attention_keys)
 
+    def __getstate__(self) -> dict:
+        """Pickle state: the attention layer without its parametrization (which torch does not
+        pickle), its output projection holding ``weight`` and ``bias`` themselves."""
+        state = self.__dict__.copy()
+        kept = {id(t): t for t in (self.weight, self.bias, self.weight_transform) if t is not None}
+        layer = copy.deepcopy(self.attention, memo=kept)
+        parametrize.remove_parametrizations(layer.out, "weight", leave_parametrized=False)
+        state["_modules"] = {**self._modules, "attention": layer}
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        to_out = KernelToOutWeight(self.weight.shape, self.groups, self.weight_transform)
+        parametrize.register_parametrization(self.attention.out, "weight", to_out, unsafe=True)
+
     @property
     def heads(self) -> int:
         return self.attention.heads
@@ -261,12 +300,21 @@ class AttentionConv(nn.Module):
     # ------------------------------------------------------------------ forward
 
     def forward(self, x: Tensor) -> Tensor:
-        """``x (B, in, H, W)`` (``(B, in, L)`` for a 1-D conv) → ``(B, out, H_out, W_out)``."""
+        """``x (B, in, H, W)`` (``(B, in, L)`` for a 1-D conv) → ``(B, out, H_out, W_out)``;
+        unbatched ``(in, H, W)`` (``(in, L)``) → ``(out, H_out, W_out)``, as the convolution."""
+        # A trace records tensor operations, not Python checks: checking sizes while tracing
+        # would only turn each comparison into a TracerWarning.
+        if not torch.jit.is_scripting() and not torch.jit.is_tracing():
+            self._check_input(x)
+        unbatched = x.dim() == (2 if self.one_d else 3)
+        if unbatched:
+            x = x.unsqueeze(0)
+        y = self._batched_forward(x)
+        return y.squeeze(0) if unbatched else y
+
+    def _batched_forward(self, x: Tensor) -> Tensor:
+        """``forward`` of a batch ``(B, in, H, W)`` (``(B, in, L)``)."""
         if not torch.jit.is_scripting():
-            # A trace records tensor operations, not Python checks: checking sizes while tracing
-            # would only turn each comparison into a TracerWarning.
-            if not torch.jit.is_tracing():
-                self._check_input(x)
             if self._runs_layer():
                 return self._layer_forward(x)
             if torch.is_autocast_enabled(x.device.type):
@@ -362,10 +410,11 @@ class AttentionConv(nn.Module):
 
     @torch.jit.unused
     def _check_input(self, x: Tensor) -> None:
-        layout = "(B, C, L)" if self.one_d else "(B, C, H, W)"
+        layout = "(B, C, L) or (C, L)" if self.one_d else "(B, C, H, W) or (C, H, W)"
         if not isinstance(x, Tensor):
             raise TypeError(f"expected a torch.Tensor of shape {layout}, got {type(x).__name__}")
-        if x.dim() != (3 if self.one_d else 4) or x.shape[1] != self.in_channels:
+        batched = 3 if self.one_d else 4
+        if x.dim() not in (batched, batched - 1) or x.shape[-batched + 1] != self.in_channels:
             raise ValueError(
                 f"expected input of shape {layout} with C={self.in_channels}, got shape "
                 f"{tuple(x.shape)}"
@@ -374,7 +423,7 @@ class AttentionConv(nn.Module):
             raise TypeError(
                 f"expected input dtype {self.weight.dtype} (the module's), got {x.dtype}"
             )
-        height, width = (1, x.shape[2]) if self.one_d else (x.shape[2], x.shape[3])
+        height, width = (1, x.shape[-1]) if self.one_d else (x.shape[-2], x.shape[-1])
         pads = self.input_padding(height, width)
         padded = self.padded_size(height, width)
         for axis, n, n_pad, k, d, (before, after) in zip(
@@ -399,14 +448,24 @@ class AttentionConv(nn.Module):
 
 
 def _drop_attention_keys(module: AttentionConv, state_dict: dict, prefix: str, _meta) -> None:
-    """State-dict post-hook: keep the convolution's keys (``weight``, ``bias``) only."""
+    """State-dict post-hook: keep the convolution's keys only (``weight``, ``bias``, and the
+    weight transform's, without their ``weight_transform.`` prefix, as the layer names them)."""
     for key in [k for k in state_dict if k.startswith(prefix + "attention.")]:
         del state_dict[key]
+    transform = prefix + "weight_transform."
+    for key in [k for k in state_dict if k.startswith(transform)]:
+        state_dict[prefix + key.removeprefix(transform)] = state_dict.pop(key)
 
 
 def _fill_attention_keys(module: AttentionConv, state_dict: dict, prefix: str, *_args) -> None:
-    """Load pre-hook: the attention layer's entries from the convolution's and the construction."""
+    """Load pre-hook: the weight transform's and the attention layer's entries from the
+    convolution's and the construction."""
     layer = prefix + "attention."
+    for key in module.weight_transform.state_dict():
+        if prefix + key in state_dict:
+            value = state_dict.pop(prefix + key)
+            state_dict[prefix + "weight_transform." + key] = value
+            state_dict[layer + "out.parametrizations.weight.0.transform." + key] = value
     derived = {
         layer + "position.centers": module.attention.position.centers.detach(),
         layer + "position.spread": module.attention.position.spread.detach(),
