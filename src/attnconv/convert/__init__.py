@@ -31,11 +31,14 @@ from attnconv.convert.model import (
     format_summary,
     layers_left,
     probe_error,
+    probe_gradient_error,
+    scaled_standardized_weight,
     standardized_weight,
 )
 from attnconv.convert.theorem import (
     SUPPORTED_PADDING_MODES,
     AttentionConv,
+    ScaledStandardize,
     Standardize,
     conv_to_attention,
 )
@@ -60,6 +63,7 @@ __all__ = [
     "LeftLayer",
     "Replacement",
     "Rule",
+    "ScaledStandardize",
     "Standardize",
     "attention_to_conv",
     "border_mass",
@@ -74,6 +78,8 @@ __all__ = [
     "layers_left",
     "offset_probabilities",
     "probe_error",
+    "probe_gradient_error",
+    "scaled_standardized_weight",
     "select_layers",
     "standardized_weight",
     "transform",
