@@ -18,7 +18,8 @@ from attnconv.models import (
     count_parameters,
     create_model,
 )
-from attnconv.models.presets import size_note
+from attnconv.models.costs import COUNTED, fingerprint, preset_cost
+from attnconv.models.presets import preset_arguments, size_note
 from attnconv.train.config import resolve_config
 
 PAPER_PRESETS = [
@@ -331,13 +332,15 @@ def test_models_command_prints_every_preset(capsys):
     rows = {}
     for line in out.splitlines():
         match = re.match(
-            r"(\S+)\s+([\d.]+)([kMG])\s+([\d.]+)([kMG])\s+(\d+)x(\d+)x(\d+)\s+(.+)", line
+            r"(\S+)\s+([\d.]+)([kMG])\s+([\d.]+)([kMG])\s+(\d+)x(\d+)x(\d+)\s+(shipped|-)\s+(.+)",
+            line,
         )
         if match:
             rows[match[1]] = (
                 float(match[2]) * units[match[3]],
                 float(match[4]) * units[match[5]],
                 tuple(int(match[k]) for k in (6, 7, 8)),
+                match[10],
                 match[9],
             )
     assert list(rows) == list(PRESETS)
@@ -364,6 +367,60 @@ def test_models_command_prints_every_preset(capsys):
     assert rows["quick"][2] == (8, 8, 1)
     for name in FASHION_PRESETS:
         assert rows[name][2] == (28, 28, 1)
+    shipped = [name for name, row in rows.items() if row[4] == "shipped"]
+    assert shipped == [
+        "quadratic-fashion",
+        "learned-fashion",
+        "learned-content-fashion",
+        "resnet-fashion",
+        "resnet-fashion-small",
+        "tcnn-fashion-small",
+        "vit-fashion",
+    ]
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_the_counted_costs_are_the_meta_device_counts(name):
+    architecture, arguments = preset_arguments(name)
+    with torch.device("meta"):
+        model = create_model(name)
+    entry = (fingerprint(architecture, arguments), count_parameters(model), count_macs(model))
+    assert COUNTED[name] == entry, f"replace COUNTED[{name!r}] in attnconv/models/costs.py by {entry}"
+    cost = preset_cost(name)
+    assert (cost.parameters, cost.macs) == entry[1:]
+    assert cost.input_size == (*model.image_size, model.in_channels)
+
+
+def test_another_class_count_is_counted_on_the_meta_device():
+    with torch.device("meta"):
+        model = create_model("resnet-fashion", num_classes=100)
+    cost = preset_cost("resnet-fashion", 100)
+    assert (cost.parameters, cost.macs) == (count_parameters(model), count_macs(model))
+    # the classifier's 128 features to 90 more classes: weights and biases, multiply-adds
+    assert cost.parameters - COUNTED["resnet-fashion"][1] == 129 * 90
+    assert cost.macs - COUNTED["resnet-fashion"][2] == 128 * 90
+
+
+def models_rows(capsys, *argv) -> dict[str, str]:
+    assert cli.main(["models", *argv]) == 0
+    lines = capsys.readouterr().out.splitlines()[2:]
+    return {line.split()[0]: line.split()[4] for line in lines if line and line[0] != " "
+            and not line.startswith("MACs:")}
+
+
+def test_models_filters_by_pattern_and_shipped_weights(capsys):
+    assert models_rows(capsys, "*content*") == {"learned-content": "-", "learned-content-fashion": "shipped"}
+    assert list(models_rows(capsys, "quadratic*")) == [
+        "quadratic", "quadratic-generalized", "quadratic-generalized-pruned", "quadratic-fashion"
+    ]
+    assert list(models_rows(capsys, "small", "--pretrained")) == ["resnet-fashion-small", "tcnn-fashion-small"]
+    assert list(models_rows(capsys, "vit-fashion")) == ["vit-fashion"]
+    assert cli.main(["models", "quadratic", "--pretrained"]) == 0  # quadratic-fashion ships
+    capsys.readouterr()
+    assert cli.main(["models", "many", "--pretrained"]) == 2
+    assert capsys.readouterr().err.startswith(
+        "attnconv models: error: no preset with shipped weights matches 'many'; presets: quadratic, "
+    )
 
 
 # ---------------------------------------------------------------- the quick preset learns

@@ -1,17 +1,37 @@
-"""``attnconv models``: every preset with its size and cost."""
+"""``attnconv models [PATTERN] [--pretrained]``: the presets with their size, cost and whether
+trained weights ship for them (``attnconv.models.costs``: no model is built at 10 classes)."""
 
 from __future__ import annotations
 
 import argparse
+from fnmatch import fnmatchcase
 
 from attnconv.errors import UserError
 
+WILDCARDS = "*?["
 MAX_CLASSES = 2**31  # more than any dataset names; the classifier's shape stays countable
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--num-classes", type=int, default=10, help="classifier outputs (default: 10)"
+        "pattern",
+        nargs="?",
+        metavar="PATTERN",
+        help="only the presets whose name matches: a shell pattern ('*-fashion', 'quadratic*') "
+        "or, without wildcards, a part of the name ('content')",
+    )
+    parser.add_argument(
+        "--pretrained",
+        action="store_true",
+        help="only the presets whose trained weights ship with attnconv "
+        "(create_model(NAME, pretrained=True), --pretrained NAME)",
+    )
+    parser.add_argument(
+        "--num-classes",
+        type=int,
+        default=10,
+        help="classifier outputs (default: 10; another count builds each model on the meta "
+        "device to count it, a few seconds)",
     )
 
 
@@ -23,27 +43,50 @@ def _human(count: int) -> str:
     return str(count)
 
 
-def run(args: argparse.Namespace) -> int:
-    import torch
+def matches(name: str, pattern: str | None) -> bool:
+    """Whether preset ``name`` is listed for ``pattern``: a shell pattern matched against the
+    whole name, or, without wildcards, a part of it; None: every preset."""
+    if pattern is None:
+        return True
+    if any(char in pattern for char in WILDCARDS):
+        return fnmatchcase(name, pattern)
+    return pattern in name
 
-    from attnconv.models import PRESETS, create_model
-    from attnconv.models.complexity import count_macs, count_parameters
+
+def run(args: argparse.Namespace) -> int:
+    from attnconv.models.costs import preset_cost
+    from attnconv.models.presets import PRESETS
+    from attnconv.models.pretrained import pretrained_models
 
     if not 1 <= args.num_classes < MAX_CLASSES:
         raise UserError(f"--num-classes must be an integer in [1, 2**31), got {args.num_classes}")
-    header = f"{'preset':<30} {'params':>8} {'MACs/image':>11}  {'input':<9} description"
+    shipped = set(pretrained_models())
+    names = [
+        name
+        for name in PRESETS
+        if matches(name, args.pattern) and (not args.pretrained or name in shipped)
+    ]
+    if not names:
+        which = "with shipped weights " if args.pretrained else ""
+        raise UserError(
+            f"no preset {which}matches {args.pattern!r}; presets: {', '.join(PRESETS)}"
+        )
+    header = (
+        f"{'preset':<30} {'params':>8} {'MACs/image':>11}  {'input':<9} {'weights':<8} description"
+    )
     print(header)
     print("-" * len(header))
-    for name, preset in PRESETS.items():
-        with torch.device("meta"):  # shapes only: no weights drawn, no arithmetic in count_macs
-            model = create_model(name, num_classes=args.num_classes)
-        height, width = model.image_size
-        size = f"{height}x{width}x{model.in_channels}"
-        params = _human(count_parameters(model))
-        macs = _human(count_macs(model))
-        print(f"{name:<30} {params:>8} {macs:>11}  {size:<9} {preset.description}")
+    for name in names:
+        cost = preset_cost(name, args.num_classes)
+        size = "x".join(map(str, cost.input_size))
+        weights = "shipped" if name in shipped else "-"
+        print(
+            f"{name:<30} {_human(cost.parameters):>8} {_human(cost.macs):>11}  {size:<9} "
+            f"{weights:<8} {PRESETS[name].description}"
+        )
     print(
         "\nMACs: multiply-adds of one eval-mode forward on one image at the preset's default "
-        "input, as executed (matrix products and convolutions)."
+        "input, as executed (matrix products and convolutions). weights: shipped with attnconv, "
+        "trained (create_model(NAME, pretrained=True), attnconv eval --pretrained NAME)."
     )
     return 0
