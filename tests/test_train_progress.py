@@ -42,7 +42,11 @@ def test_format_duration_and_the_epoch_line_with_an_eta() -> None:
 
 def test_step_lines_off_a_terminal_then_on_resume(tmp_path, capsys, monkeypatch) -> None:
     # a clock that advances one second each time the loop reads it, so that every rate and ETA
-    # printed follows from the step counts alone
+    # printed follows from the step counts alone. Each epoch the loop reads it as it starts
+    # training, at each step line, as training ends, before validating and once the epoch's
+    # checkpoints are written (and, the first epoch in a process, when it prints the epoch line):
+    # the seconds an epoch takes besides its training steps are 2 after the process's first epoch,
+    # 1 after each later one.
     ticks = iter(range(1, 10**6))
     monkeypatch.setattr(loop, "time", SimpleNamespace(perf_counter=lambda: float(next(ticks))))
     run = tmp_path / "run"
@@ -79,20 +83,23 @@ def test_step_lines_off_a_terminal_then_on_resume(tmp_path, capsys, monkeypatch)
             lines_so_far = sum(1 for s in steps if epoch * per_epoch < s <= step)
             per_step = lines_so_far / in_epoch
             assert int(match[7]) == round(64 / per_step)
-            # training steps left at that pace, and one second of validation per epoch left
-            # once one has been timed (the clock reads it twice)
-            validation = 0 if epoch == done else 1
-            eta = (total - step) * per_step + (epochs - epoch) * validation
+            # training steps left at that pace, and the time besides of the epoch before, per
+            # epoch left (none yet in the process's first epoch)
+            between = (0, 2)[epoch - done] if epoch - done < 2 else 1
+            eta = (total - step) * per_step + (epochs - epoch) * between
             assert seconds(*match.groups()[7:]) == round(eta)
         epoch_lines = [EPOCH_ETA.match(line) for line in out.splitlines() if "train loss" in line]
         assert [int(m[1]) for m in epoch_lines] == list(range(done + 1, epochs + 1))
         for match in epoch_lines:
-            epoch = int(match[1])
-            # its training: a tick per step line and one at its end; its validation: one tick
-            ticks_in_epoch = sum(1 for s in steps if (epoch - 1) * per_epoch < s <= epoch * per_epoch)
-            assert metrics[epoch - 1]["epoch_time_s"] == ticks_in_epoch + 1
-            eta = (epochs - epoch) * (ticks_in_epoch + 2)  # 0 after the run's last epoch
-            assert seconds(*match.groups()[1:]) == eta
+            epoch = int(match[1])  # 1-based
+            # its training: a tick per step line and one at its end
+            ticks = sum(1 for s in steps if (epoch - 1) * per_epoch < s <= epoch * per_epoch) + 1
+            assert metrics[epoch - 1]["epoch_time_s"] == ticks
+            # besides training: the epoch before's (the process's first: its own validation, 1)
+            between = 2 if epoch - done == 2 else 1
+            assert seconds(*match.groups()[1:]) == (epochs - epoch) * (ticks + between)
+        # the run's last epoch: none left
+        assert epoch_lines[-1].groups()[1:] == ("0", "00", "00")
     # the mean loss of a whole epoch, on the line of its last step
     end = STEP_LINE.match(next(line for line in second.out.splitlines() if "  step 60/60" in line))
     assert float(end[5]) == pytest.approx(metrics[2]["train_loss"], abs=6e-5)

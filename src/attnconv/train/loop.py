@@ -313,7 +313,9 @@ class Trainer:
     ) -> None:
         self.lock = lock  # the run folder's, held by the main rank: checked before each write
         self.log_interval = log_interval  # steps between progress lines off a terminal (train)
-        self.validation_s = 0.0  # seconds of the last validation pass (ETA); 0 before the first
+        # seconds the last finished epoch took outside its training steps (validation, TensorBoard
+        # figure, checkpoints): the ETA's share per epoch; 0 until one has finished here
+        self.between_s = 0.0
         self.device = context.device
         if self.device.type == "cpu":
             reuse_freed_memory()  # no page faults for each step's large tensors: attnconv.memory
@@ -763,7 +765,7 @@ class Trainer:
                     per_step = seconds / (in_epoch - start_batch)
                     eta = (total_steps - self.step) * per_step + (
                         config.epochs - epoch
-                    ) * self.validation_s
+                    ) * self.between_s
                     self.logger.print(
                         format_step(
                             epoch + 1,
@@ -832,9 +834,8 @@ class Trainer:
             while self.epoch < config.epochs:
                 steps_left = self.steps_per_epoch * (self.epoch + 1) - self.step
                 record = self._train_epoch()
-                validation_started = time.perf_counter()
+                trained = time.perf_counter()
                 val_loss, val_acc = self.evaluate(self.val_loader, self.model)
-                self.validation_s = time.perf_counter() - validation_started
                 if not math.isfinite(val_loss):
                     self._diverged(f"the validation loss is {val_loss}")
                 self._check_state()
@@ -863,16 +864,17 @@ class Trainer:
                 self.metrics.append(record)
                 self._check_lock()
                 # the epochs left at this epoch's pace: its training steps scaled to a whole
-                # epoch (a resumed one ran only part), and its validation
-                epoch_s = (
-                    record["epoch_time_s"] * self.steps_per_epoch / steps_left + self.validation_s
-                )
+                # epoch (a resumed one ran only part), and what the epoch before took besides
+                # (the first one here: this one's validation so far)
+                between = self.between_s or time.perf_counter() - trained
+                epoch_s = record["epoch_time_s"] * self.steps_per_epoch / steps_left + between
                 eta = (config.epochs - self.epoch) * epoch_s
                 logger.epoch(record, self.model, self.data.image_size, eta)
                 # last.pt first: a kill before a copy is written is repaired by the resume.
                 self._save(self._checkpoint(None), self.run.last, *self._epoch_copies(self.epoch))
                 with self._writing(self.run.metrics):
                     logger.metrics(self.metrics)
+                self.between_s = time.perf_counter() - trained
             return self._finish()
         finally:
             logger.close()
