@@ -18,6 +18,7 @@ from attnconv.analysis.third_party import build_third_party
 from attnconv.cli import main
 from attnconv.viz.distance import attention_distance
 from attnconv.viz.export import decode_content, dequantize, read_data
+from attnconv.viz.maps import compute_attention
 from explorer_helpers import shipped_folder
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -128,7 +129,15 @@ def test_convit_summary_and_tables(tmp_path, capsys):
         capsys,
     )
     assert code == 0
-    lines = out.splitlines()
+    # what it is doing, as it goes (no explorer page: --explore-images 0), then the summary
+    progress = [
+        "analyze: building timm:convit_tiny with random weights",
+        "analyze: recording the attention on 2 images (the 2 fashion-mnist test images shipped "
+        "with attnconv, scaled to 48x48)",
+        f"analyze: drawing the figures and writing the tables into {tmp_path}",
+    ]
+    assert out.splitlines()[:3] == progress
+    lines = out.splitlines()[3:]
     assert lines[0] == (
         "timm:convit_tiny, random weights: 12 layers, 4 heads, 3x3 patches of 16x16 pixels "
         "(48x48 input)"
@@ -147,9 +156,28 @@ def test_convit_summary_and_tables(tmp_path, capsys):
     assert not (tmp_path / "explorer").exists()
 
 
-def test_an_attnconv_preset_has_its_head_table(tmp_path, capsys):
+def test_an_attnconv_preset_has_its_head_table(tmp_path, capsys, monkeypatch):
+    import attnconv.analysis.analyze as analysis
+
+    before = []  # what was printed when the attention computation started
+
+    def computing(*args, **kwargs):
+        before.append(capsys.readouterr().out)
+        return compute_attention(*args, **kwargs)
+
+    monkeypatch.setattr(analysis, "compute_attention", computing)
     code, out, _ = analyze(["quick", "--out", str(tmp_path), "--explore-images", "1"], capsys)
     assert code == 0
+    assert before == [
+        "analyze: building preset quick (random initialisation)\n"
+        "analyze: computing the attention (position-only: no images needed)\n"
+    ]
+    lines = out.splitlines()
+    assert lines[:2] == [
+        f"analyze: drawing the figures and writing the tables into {tmp_path}",
+        f"analyze: writing the explorer page into {tmp_path / 'explorer'}",
+    ]
+    out = "\n".join(lines[2:])
     assert out.startswith("quick (random initialisation): 2 layers, 9 heads, 8x8 tokens of 1x1")
     assert "images: none needed (position-only attention" in out
     rows = read_csv(tmp_path / "heads.csv")

@@ -21,6 +21,7 @@ pixel, their start taps marked), gates.* and the explorer page.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,14 @@ from attnconv.viz.maps import AttentionMaps, compute_attention, is_position_only
 from attnconv.viz.transformed import layer_rows as transformed_layer_rows
 
 EXPLORER = "explorer"
+# ``progress(message)``: called as each stage starts (recording, drawing, the explorer page), so
+# that a caller can say where a long analysis is; None: nothing is said.
+Progress = Callable[[str], None] | None
+
+
+def _say(progress: Progress, message: str) -> None:
+    if progress is not None:
+        progress(message)
 
 
 @dataclass
@@ -96,20 +105,23 @@ def analyze_third_party(
     data_dir: str | None = None,
     query: tuple[int, int] | None = None,
     window: int | None = None,
+    progress: Progress = None,
 ) -> Analysis:
     """Record ``loaded``'s attention on ``num_images`` images (``images``: a folder, a dataset, or
     None for the shipped test images; see ``load_images``) and write everything into ``out``
     (module docstring); the explorer holds the first ``explore_images`` images (0: no explorer)
-    and the average over all of them."""
+    and the average over all of them. ``progress``: told as each stage starts."""
     out = Path(out)
     pixels, labels, origin = load_images(
         images, num_images, loaded.image_size, loaded.in_channels, data_dir
     )
+    _say(progress, f"recording the attention on {len(labels)} images ({origin})")
     measured = measure_patch_attention(
         loaded.model, loaded.normalize(pixels), labels, keep=max(1, explore_images)
     )
     average = measured.average
     name = f"{loaded.name}, {'random weights' if loaded.weights == 'random' else loaded.weights}"
+    _say(progress, f"drawing the figures and writing the tables into {out}")
     files, _ = attention_figures(
         measured.per_image[0], average, out, name, pixels[0], query, window
     )
@@ -118,6 +130,7 @@ def analyze_third_party(
     excluded = excluded_tokens(measured.prefix_tokens)
     if explore_images > 0:
         shown = min(explore_images, len(labels))
+        _say(progress, f"writing the explorer page of {shown} images into {out / EXPLORER}")
         meta = {
             "weights": loaded.weights,
             "scores": "the recorded probabilities (logit views: their logarithm)",
@@ -165,11 +178,12 @@ def analyze_attnconv(
     window: int | None = None,
     description: str = "",
     test_accuracy: float | None = None,
+    progress: Progress = None,
 ) -> Analysis:
     """The same for one of attnconv's own models (``attention_layers()``), its attention computed
     by ``compute_attention``. Position-only models need no images; models with content scores
     use ``images`` (default: the test images of ``dataset`` shipped with attnconv, else its test
-    split)."""
+    split). ``progress``: told as each stage starts."""
     from attnconv.models.heads import head_table
     from attnconv.models.pretrained import PretrainedError
 
@@ -182,6 +196,7 @@ def analyze_attnconv(
                 f"{name}'s attention is position-only, the same for every image: leave the "
                 f"images out"
             )
+        _say(progress, "computing the attention (position-only: no images needed)")
         average = single = compute_attention(model, size)
         origin = "none needed (position-only attention: the same for every image)"
     else:
@@ -193,9 +208,11 @@ def analyze_attnconv(
             pixels, labels, origin = load_images(
                 dataset, num_images, size, model.in_channels, data_dir
             )
+        _say(progress, f"computing the attention on {len(labels)} images ({origin})")
         single = compute_attention(model, size, pixels[:1])
         single.description = labels[0]
         average = compute_attention(model, size, pixels)
+    _say(progress, f"drawing the figures and writing the tables into {out}")
     files, _ = attention_figures(
         single, average, out, name, None if pixels is None else pixels[0], query, window
     )
@@ -205,6 +222,8 @@ def analyze_attnconv(
     files += tables
     if explore_images > 0:
         shown = None if pixels is None else slice(0, explore_images)
+        on = "" if pixels is None else f" of {len(pixels[shown])} images"
+        _say(progress, f"writing the explorer page{on} into {out / EXPLORER}")
         entry = SiteModel(
             name,
             model,
@@ -240,11 +259,13 @@ def analyze_transformed(
     query: tuple[int, int] | None = None,
     description: str = "",
     test_accuracy: float | None = None,
+    progress: Progress = None,
 ) -> Analysis:
     """``analyze_attnconv`` for a transformed network: its figures and tables
     (``viz.figures.plot_transformed``, the contours from image pixel ``query``) on ``num_images``
     images (``images`` as for a content model), and the explorer page of the first
-    ``explore_images`` of them (0: none) with their average."""
+    ``explore_images`` of them (0: none) with their average. ``progress``: told as each stage
+    starts."""
     from attnconv.models.pretrained import PretrainedError
     from attnconv.viz.figures import plot_transformed
 
@@ -256,9 +277,19 @@ def analyze_transformed(
         )
     except PretrainedError:  # no shipped test images of this dataset: its test split
         pixels, labels, origin = load_images(dataset, num_images, size, model.in_channels, data_dir)
+    _say(
+        progress,
+        f"computing the attention on {len(labels)} images ({origin}), drawing the figures and "
+        f"writing the tables into {out}",
+    )
     plot = plot_transformed(model, out, name, pixels, query)
     files = plot.files
     if explore_images > 0:
+        _say(
+            progress,
+            f"writing the explorer page of {len(labels[:explore_images])} images into "
+            f"{out / EXPLORER}",
+        )
         entry = SiteModel(
             name,
             model,

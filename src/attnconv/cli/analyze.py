@@ -79,6 +79,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data-dir", help="dataset folder (default: attnconv's data folder)")
 
 
+def say(message: str) -> None:
+    """A line on stdout as each stage starts (building, recording, drawing, the explorer page),
+    before the summary: a large model takes minutes."""
+    print(f"analyze: {message}", flush=True)
+
+
 def _third_party(args: argparse.Namespace):
     from attnconv.analysis.analyze import analyze_third_party
     from attnconv.analysis.third_party import build_third_party
@@ -89,6 +95,8 @@ def _third_party(args: argparse.Namespace):
         raise UserError("--data-dir is for --images DATASET; the shipped test images need none")
     if args.image_size is not None and args.image_size < 1:
         raise UserError(f"--image-size must be positive, got {args.image_size}")
+    weights = "random weights" if args.random else f"the weights of {args.weights}"
+    say(f"building {args.model} with {weights}")
     loaded = build_third_party(args.model, args.weights, args.image_size)
     return analyze_third_party(
         loaded,
@@ -99,6 +107,7 @@ def _third_party(args: argparse.Namespace):
         args.data_dir,
         args.query,
         args.window,
+        progress=say,
     )
 
 
@@ -120,16 +129,19 @@ def _attnconv(args: argparse.Namespace):
     details: dict = {}
     if args.pretrained is not None:
         info = pretrained_info(args.pretrained)
+        say(f"loading the shipped model {args.pretrained}")
         model = load_pretrained(args.pretrained)
         name, dataset = f"{info.name} (shipped)", info.dataset
         details = {"description": info.description, "test_accuracy": info.test_accuracy}
     elif args.model in PRESETS:
         preset = PRESETS[args.model]
+        say(f"building preset {args.model} (random initialisation)")
         model = create_model(args.model).eval()
         name, dataset = f"{args.model} (random initialisation)", preset.dataset
         details = {"description": preset.description}
     elif Path(args.model).exists():
         path = checkpoint_path(args.model)
+        say(f"loading the checkpoint {path}")
         model, checkpoint = load_model(path)
         name = f"{checkpoint['preset']}, epoch {checkpoint.get('epoch', '?')}"
         dataset = checkpoint["dataset"]
@@ -160,6 +172,7 @@ def _attnconv(args: argparse.Namespace):
         args.query,
         **extra,
         **details,
+        progress=say,
     )
 
 
