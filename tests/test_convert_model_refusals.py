@@ -72,9 +72,10 @@ def timm():
     return import_timm()
 
 
-def test_nfnet_converts_exactly_with_the_scaled_rule(timm):
+@pytest.mark.parametrize("name", ["nf_resnet26", "nf_regnet_b0"])
+def test_nfnet_converts_exactly_with_the_scaled_rule(timm, name):
     torch.manual_seed(0)
-    model = timm.create_model("nf_resnet26", num_classes=5).to(F64).eval()
+    model = timm.create_model(name, num_classes=5).to(F64).eval()
     scaled = timm.layers.ScaledStdConv2d
     x = torch.randn(2, 3, 32, 32, dtype=F64)
     converted = convert_model(model, rules={scaled: scaled_standardized_weight}, probe=x,
@@ -350,6 +351,8 @@ def test_old_style_weight_norm_and_prune_are_left_not_a_deepcopy_error():
     converted = convert_model(model)
     hooks = "forward hooks registered on the layer (they could change its function)"
     assert [(r.name, r.reason) for r in layers_left(converted)] == [("0", hooks), ("2", hooks)]
+    with pytest.raises(ConversionError, match=r"0 \(Conv2d\): forward hooks .*\n.*2 \(Conv2d\)"):
+        convert_model(model, strict=True)
     assert isinstance(converted[3], AttentionConv)
     x = torch.randn(2, 2, 5, 5, dtype=F64)
     assert_same_function(model, converted, x, 1e-12)
