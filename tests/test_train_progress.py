@@ -135,3 +135,24 @@ def test_the_demo_evaluation_writes_no_bar_into_a_log(capsys) -> None:
         predicted = load_pretrained(SHIPPED)(images.float() / 255).argmax(dim=1)
     assert (correct, seen) == (float((predicted == labels).sum()), 30.0)
     assert capsys.readouterr().err == ""
+
+
+def test_the_demo_runs_on_one_thread_and_gives_the_count_back(tmp_path, monkeypatch) -> None:
+    from attnconv import demo
+    from attnconv.train import loop as train_loop
+
+    seen = []
+
+    def stop(*args, **kwargs):  # where the demo trains: how many threads, then stop there
+        seen.append(torch.get_num_threads())
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(train_loop, "train", stop)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            demo.run_demo(tmp_path / "demo", epochs=1, progress=False)
+        assert seen == [1] and torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(threads)
