@@ -174,6 +174,52 @@ def test_refuses_what_the_construction_does_not_cover():
                       TransformedConv2d)  # fmt: skip
 
 
+def test_refuses_a_convolution_tied_to_another_module_or_held_outside_the_tree():
+    torch.manual_seed(0)
+    tied = nn.Sequential(nn.Conv2d(2, 2, 3, padding=1), nn.Conv2d(2, 2, 3, padding=1))
+    tied[1].weight = nn.Parameter(tied[0].weight.data)  # one storage, two parameters
+    with pytest.raises(ConversionError, match="cannot transform 1: its weight shares its storage"):
+        transform(tied, ["1"])
+
+    class Held(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(2, 2, 3, padding=1)
+            self.ops = [self.conv]  # forward runs the list's convolution
+
+        def forward(self, x):
+            return self.ops[0](x)
+
+    with pytest.raises(
+        ConversionError, match=r"cannot transform conv: also held outside .*ops\[0\]"
+    ):
+        transform(Held(), ["conv"])
+
+
+@pytest.mark.filterwarnings("ignore:.*weight_norm.*:FutureWarning")
+def test_the_copy_keeps_what_the_layers_left_alone_share_and_hook():
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Conv2d(2, 2, 3, padding=1), nn.Conv2d(2, 2, 1), nn.Conv2d(2, 2, 1), nn.Conv2d(2, 2, 3)
+    )
+    model[2].weight = nn.Parameter(model[1].weight.data)  # tied 1x1 layers, not transformed
+    model[1].bias.register_hook(torch.zeros_like)  # a hook that zeroes the bias's gradient
+    nn.utils.weight_norm(model[3])  # old-style: deepcopy alone refuses its weight
+    transformed = transform(model, ["0"], spread=8.0, content=False)
+    assert isinstance(transformed[0], TransformedConv2d)
+    assert transformed[2].weight.untyped_storage().data_ptr() == (
+        transformed[1].weight.untyped_storage().data_ptr()
+    )
+    assert transformed[1].weight.data_ptr() != model[1].weight.data_ptr()  # a copy, still tied
+    transformed(torch.randn(3, 2, 6, 6)).square().sum().backward()
+    assert transformed[1].bias.grad.abs().max() == 0
+    assert transformed[2].bias.grad.abs().max() > 0
+    with torch.no_grad():
+        transformed[1].weight.add_(1.0)
+    assert torch.equal(transformed[1].weight, transformed[2].weight)
+    assert not torch.equal(transformed[1].weight, model[1].weight)  # the original untouched
+
+
 def test_choose_spread_takes_the_smallest_that_keeps_the_accuracy():
     curve = {1.0: 50.0, 2.0: 90.0, 3.0: 92.95, 4.0: 93.0, 5.0: 93.1}
     tried = []
@@ -205,7 +251,9 @@ def test_attention_lr_scale_multiplies_only_the_parameters_the_transform_added()
     assert "network.stages.3.1.conv2.gate" in added
     assert "network.stages.3.1.conv2.weight" not in added  # the CNN's own kernel
     for scale in (1.0, 10.0):
-        trainer.config = TrainConfig("tcnn-fashion-small", "fashion-mnist", attention_lr_scale=scale)
+        trainer.config = TrainConfig(
+            "tcnn-fashion-small", "fashion-mnist", attention_lr_scale=scale
+        )
         optimizer = trainer._build_optimizer()
         groups = optimizer.param_groups
         assert len(groups) == (2 if scale == 1.0 else 4)

@@ -14,7 +14,6 @@ accuracy. The exact, frozen conversion for deployment and verification stays
 
 from __future__ import annotations
 
-import copy
 import fnmatch
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -23,7 +22,7 @@ import torch
 from torch import nn
 
 from attnconv.attention.transformed import TransformedConv2d
-from attnconv.convert.model import ConversionError, _reason_left
+from attnconv.convert.model import ConversionError, _copy, _survey
 from attnconv.models.modes import evaluating
 from attnconv.models.transformed import TransformedNetwork, _submodule_parent
 
@@ -85,7 +84,8 @@ def select_layers(
     probe forward of :data:`LATE` (default: zeros of the model's ``image_size`` and
     ``in_channels``). ConversionError naming the layer if a selected convolution is one
     Theorem 1's construction does not cover as written (a subclass with its own forward, hooks,
-    a parametrized weight); ValueError for a pattern that matches no convolution.
+    a parametrized weight, a weight shared with another module, a convolution also held outside
+    the module tree: ``convert_model``'s reasons); ValueError for a pattern that matches no convolution.
     """
     convs = {name: m for name, m in model.named_modules() if isinstance(m, nn.Conv2d)}
     if isinstance(layers, str) and layers == SPATIAL:
@@ -109,8 +109,9 @@ def select_layers(
         chosen.sort(key=list(convs).index)
     if not chosen:
         raise ValueError("no convolution to transform: the network has no spatial nn.Conv2d")
+    reasons = {name: reason for name, _, _, reason in _survey(model, {})}
     for name in chosen:
-        reason = _reason_left(convs[name], has_rule=False)
+        reason = reasons.get(name)
         if reason is None and type(convs[name]) is not nn.Conv2d:
             reason = f"a {type(convs[name]).__name__}, not a plain nn.Conv2d"
         if reason is not None:
@@ -139,7 +140,7 @@ def transform(
     :func:`transform_checkpoint`, whose result saves and loads as a model of its own.
     """
     names = select_layers(model, layers, example)
-    transformed = copy.deepcopy(model)
+    transformed = _copy(model)
     modules = dict(transformed.named_modules())
     for name in names:
         parent, leaf = _submodule_parent(transformed, name)
