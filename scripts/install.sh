@@ -9,7 +9,8 @@
 #
 # Usage: sh scripts/install.sh [--dev]
 #   --dev  also install what the tests and the docs need (pytest, pytest-xdist, hypothesis, ruff,
-#          playwright, onnx, mkdocs with mkdocstrings: the dev extra of pyproject.toml)
+#          playwright, onnx, mkdocs with mkdocstrings, pymdown-extensions and the MathJax the
+#          site ships, from django-static-mathjax: the dev extra of pyproject.toml)
 # PYTHON selects the interpreter (default: python3, the active virtual environment's).
 set -eu
 cd "$(dirname "$0")/.."
