@@ -21,7 +21,7 @@ def rows(image_set):
 
 
 def test_dataset_names():
-    assert DATASETS == ("cifar10", "cifar100", "fashion-mnist", "digits")
+    assert DATASETS == ("cifar10", "cifar100", "fashion-mnist", "digits", "fashion-mnist-anywhere")
 
 
 def test_unknown_dataset_lists_the_valid_ones():

@@ -29,8 +29,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "model argument (model.hidden=128, model.dropout=0); an unknown key lists the valid ones",
     )
     parser.add_argument("--preset", help="the model and recipe (see `attnconv models`)")
-    parser.add_argument("--dataset", help="cifar10, cifar100, fashion-mnist or digits "
-                        "(default: the preset's, or with --init the checkpoint's)")
+    parser.add_argument("--dataset", help="cifar10, cifar100, fashion-mnist, digits or "
+                        "fashion-mnist-anywhere (default: the preset's, or with --init the "
+                        "checkpoint's)")
     parser.add_argument("--data-dir", help="where datasets live (default $ATTNCONV_DATA or "
                         "~/.cache/attnconv); not for digits, which ship with scikit-learn")
     parser.add_argument("--out", help="the run folder (default runs/PRESET-DATASET-TIME)")

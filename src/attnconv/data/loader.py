@@ -12,6 +12,11 @@ moved on the device by a handful of whole-batch operations, no per-image Python:
   45000 images), so that one ``index_select`` over a strided view of all its ``H×W`` windows
   fetches, pads, crops and flips a whole batch (on CPU 3.5× faster than mirroring the crops);
 * a conversion and an in-place division turn the uint8 crops into float32 in [0, 1].
+
+With a ``placement`` (``fashion-mnist-anywhere``) the training split is stored unplaced and each
+batch is placed on its canvas (``attnconv.data.anywhere.place``: two float64 matrix products per
+batch) at sizes, positions and flips drawn from ``(seed, epoch, batch)`` in the same way; the
+random crop is off (``pad=0``).
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from collections.abc import Iterator
 
 import torch
 
+from attnconv.data.anywhere import Placement, place
 from attnconv.data.splits import ImageSet
 from attnconv.errors import UserError
 
@@ -140,6 +146,7 @@ class BatchLoader:
         seed: int = 0,
         rank: int = 0,
         world_size: int = 1,
+        placement: Placement | None = None,
     ) -> None:
         if not isinstance(images_set, ImageSet):
             raise TypeError(f"images_set must be an ImageSet, got {type(images_set).__name__}")
@@ -161,6 +168,14 @@ class BatchLoader:
                 f"train mode drops incomplete batches, but the split has {len(images_set)} "
                 f"images, fewer than batch_size={batch_size}"
             )
+        if placement is not None and not train:
+            raise ValueError("placement is for train mode: evaluation splits are placed once")
+        if placement is not None and pad:
+            raise UserError(
+                f"pad must be 0 with a placement (got {pad}): placing every image anywhere on "
+                f"the canvas replaces the random crop"
+            )
+        self.placement = placement
         self.train = bool(train)
         self.flip = bool(flip)
         self.device = torch.device(device)
@@ -168,27 +183,52 @@ class BatchLoader:
         # uint8 tensor (S, N, C, H + 2·pad, W + 2·pad), the only copy on the device.
         self._pad = self.pad if self.train else 0
         images = images_set.images.to(self.device)
-        self._sources = _padded_sources(images, self._pad, flip=self.train and self.flip)
-        self.image_size = (images.shape[2], images.shape[3])
+        mirrored = self.train and self.flip and placement is None
+        self._sources = _padded_sources(images, self._pad, flip=mirrored)
+        self._source_size = (images.shape[2], images.shape[3])
+        # (H, W) of the batches: the canvas when placing, else the stored images'
+        self.image_size = (
+            self._source_size if placement is None else (placement.canvas, placement.canvas)
+        )
         self.labels = images_set.labels.to(self.device)  # (N,) int64
 
     @property
     def images(self) -> torch.Tensor:
-        """The split, uint8 (N, C, H, W), on ``device`` (a view into the stored tensor)."""
-        h, w = self.image_size
+        """The split, uint8 (N, C, H, W), on ``device`` (a view into the stored tensor); with a
+        ``placement``, the images unplaced, at their stored size."""
+        h, w = self._source_size
         return self._sources[0, :, :, self._pad : self._pad + h, self._pad : self._pad + w]
 
     def augmentation(self, epoch: int, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The random crop offsets int64 (batch_size, 2) and flips bool (batch_size,) of global
         batch ``batch`` of ``epoch`` (CPU tensors, before sharding), as ``random_crop_flip``
         takes them."""
-        _check_int("epoch", epoch, 0)
-        if _check_int("batch", batch, 0) >= len(self):
-            raise ValueError(f"batch must be in [0, {len(self)}), got {batch}")
-        rng = _generator(self.seed, epoch, batch)
+        if self.placement is not None:
+            raise ValueError("this loader places its images: their draws are placements()")
+        rng = self._batch_generator(epoch, batch)
         offsets = torch.randint(0, 2 * self.pad + 1, (self.batch_size, 2), generator=rng)
         flips = (torch.rand(self.batch_size, generator=rng) < 0.5) & self.flip
         return offsets, flips
+
+    def placements(
+        self, epoch: int, batch: int
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The sizes int64 (batch_size,) in pixels, canvas corners int64 (batch_size, 2) (row,
+        col) and flips bool (batch_size,) of global batch ``batch`` of ``epoch`` (CPU tensors,
+        before sharding), as ``attnconv.data.anywhere.place`` takes them; loaders with a
+        ``placement`` only."""
+        if self.placement is None:
+            raise ValueError("this loader crops its images: their draws are augmentation()")
+        rng = self._batch_generator(epoch, batch)
+        sizes, corners = self.placement.draw(self.batch_size, rng)
+        flips = (torch.rand(self.batch_size, generator=rng) < 0.5) & self.flip
+        return sizes, corners, flips
+
+    def _batch_generator(self, epoch: int, batch: int) -> torch.Generator:
+        _check_int("epoch", epoch, 0)
+        if _check_int("batch", batch, 0) >= len(self):
+            raise ValueError(f"batch must be in [0, {len(self)}), got {batch}")
+        return _generator(self.seed, epoch, batch)
 
     def __len__(self) -> int:
         full, rest = divmod(len(self.labels), self.batch_size)
@@ -224,9 +264,20 @@ class BatchLoader:
         bs = self.batch_size
         order = torch.randperm(len(self.labels), generator=_generator(self.seed, epoch))
         for batch in range(start_batch, len(self)):
-            offsets, flips = self.augmentation(epoch, batch)
             shard = self._shard(bs)
             idx = order[batch * bs : (batch + 1) * bs][shard].to(self.device, non_blocking=True)
+            if self.placement is not None:
+                sizes, corners, flips = self.placements(epoch, batch)
+                placed = place(
+                    self._sources[0].index_select(0, idx),
+                    sizes[shard],
+                    corners[shard],
+                    flips[shard] if self.flip else None,
+                    self.placement.canvas,
+                )
+                yield placed.float().div_(255.0), self.labels.index_select(0, idx)
+                continue
+            offsets, flips = self.augmentation(epoch, batch)
             crops = _crop_windows(
                 self._sources,
                 idx,

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from attnconv.data.anywhere import Placement
 from attnconv.errors import UserError
 
 
@@ -51,7 +52,10 @@ class DataSplits:
     """A dataset's three splits and its description.
 
     ``mean``/``std`` are per channel on the [0, 1] scale; ``flip`` says whether horizontal flips
-    are a valid augmentation; ``image_size`` is ``(H, W)``.
+    are a valid augmentation; ``image_size`` is ``(H, W)``, the size a model sees. ``placement``
+    (``attnconv.data.anywhere.Placement``): the training split holds the images unplaced, at their
+    source size, and the training loader places each on a canvas of ``image_size`` as it draws it;
+    ``None``: every split holds the images as a model sees them.
     """
 
     name: str
@@ -65,6 +69,7 @@ class DataSplits:
     std: tuple[float, ...]
     flip: bool
     classes: list[str]
+    placement: Placement | None = None
 
 
 def _describe(value: object) -> str:
@@ -91,18 +96,24 @@ def validation_count(val_size: int | float, num_train: int) -> int:
     return val_size
 
 
+def validation_indices(
+    num_train: int, val_size: int | float, seed: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The indices int64 (increasing) of the images that stay in training and of the
+    ``val_size`` ones that go to validation, out of ``num_train``: a random subset drawn by a
+    permutation seeded with ``seed``."""
+    count = validation_count(val_size, num_train)
+    generator = torch.Generator().manual_seed(seed)
+    order = torch.randperm(num_train, generator=generator)
+    return order[count:].sort().values, order[:count].sort().values
+
+
 def carve_validation(
     train: ImageSet, val_size: int | float, seed: int
 ) -> tuple[ImageSet, ImageSet]:
-    """Split ``train`` into (train, val) with a random subset of ``val_size`` images.
-
-    The subset is drawn by a permutation seeded with ``seed``; both parts keep the original order
-    of their images.
-    """
-    count = validation_count(val_size, len(train))
-    generator = torch.Generator().manual_seed(seed)
-    order = torch.randperm(len(train), generator=generator)
-    val_idx, train_idx = order[:count].sort().values, order[count:].sort().values
+    """Split ``train`` into (train, val) with a random subset of ``val_size`` images
+    (``validation_indices``); both parts keep the original order of their images."""
+    train_idx, val_idx = validation_indices(len(train), val_size, seed)
     return train.subset(train_idx), train.subset(val_idx)
 
 

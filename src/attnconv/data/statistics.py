@@ -8,6 +8,10 @@ built for a dataset carries that dataset's values as constructor arguments:
 * ``DIGITS_MEAN``/``DIGITS_STD``: all 1797 images of scikit-learn's 8×8 digits (values / 16).
 * ``FASHION_MNIST_MEAN``/``FASHION_MNIST_STD``: Fashion-MNIST's training split, the 55000 images
   left after the seed-0 validation carve of ``load_splits``.
+* ``FASHION_MNIST_ANYWHERE_MEAN``/``_STD``: the same 55000 images placed on the 32×32 canvas as
+  the validation images are (``attnconv.data.anywhere.fixed_placements`` of the official training
+  set), fixed like CIFAR-10's: training draws new placements every epoch, so no one rendering of
+  the training split is "the" split.
 """
 
 from __future__ import annotations
@@ -18,3 +22,5 @@ DIGITS_MEAN = (0.3053,)
 DIGITS_STD = (0.3759,)
 FASHION_MNIST_MEAN = (0.2859,)
 FASHION_MNIST_STD = (0.3529,)
+FASHION_MNIST_ANYWHERE_MEAN = (0.1135,)
+FASHION_MNIST_ANYWHERE_STD = (0.2521,)

@@ -54,7 +54,8 @@ class TrainConfig:
     ``checkpoint_every`` in epochs; ``checkpoint_steps`` in optimizer steps (mid-epoch saves of
     ``last.pt``; 0: off); ``milestones``: the epochs after which ``schedule="step"`` divides the
     rate by 10 (only for that schedule); ``pad``: the random-crop padding in pixels, ``None`` for
-    ``⌈H / 8⌉`` (4 for CIFAR's 32×32 as in the paper, 1 for the 8×8 digits); ``val_size`` a count
+    ``⌈H / 8⌉`` (4 for CIFAR's 32×32 as in the paper, 1 for the 8×8 digits; no crop on a dataset
+    whose loader places its images, ``fashion-mnist-anywhere``); ``val_size`` a count
     of images (int) or a fraction of the training set (float), ``None`` for the dataset's default;
     ``grad_clip`` the largest gradient norm (``None``: no clipping); ``attention_lr_scale`` the
     factor on the learning rate of the parameters a transform adds to a network (head geometry,
@@ -261,6 +262,7 @@ def check_config(config: TrainConfig) -> None:
     """UserError naming the first value out of its valid range, or a setting that would do
     nothing in this combination."""
     from attnconv.data import DATASETS
+    from attnconv.data.datasets import PLACED_DATASETS
 
     def need(ok: bool, message: str) -> None:
         if not ok:
@@ -302,6 +304,9 @@ def check_config(config: TrainConfig) -> None:
          f"device must be auto, cpu, cuda or cuda:N, got {config.device!r}")
     need(is_valid_seed(config.seed), f"seed must be {SEED_RULE}, got {config.seed}")
     need(config.pad is None or config.pad >= 0, f"pad must be >= 0 pixels, got {config.pad}")
+    need(not config.pad or config.dataset not in PLACED_DATASETS,
+         f"pad does nothing on {config.dataset!r}: placing every image anywhere on its canvas "
+         f"replaces the random crop; leave pad out")
     need(config.checkpoint_every >= 0,
          f"checkpoint_every must be >= 0 epochs (0: off), got {config.checkpoint_every}")
     need(config.checkpoint_steps >= 0,

@@ -358,8 +358,8 @@ class Trainer:
             self.forward_model = torch.compile(self.forward_model)
 
         self.pad = config.pad
-        if self.pad is None:
-            self.pad = math.ceil(max(self.data.image_size) / 8)
+        if self.pad is None:  # a placed dataset moves its images already: no crop
+            self.pad = 0 if self.data.placement else math.ceil(max(self.data.image_size) / 8)
         loader_args = {
             "device": self.device,
             "rank": context.rank,
@@ -372,6 +372,7 @@ class Trainer:
             flip=self.data.flip,
             pad=self.pad,
             seed=config.seed,
+            placement=self.data.placement,
             **loader_args,
         )
         self.val_loader = BatchLoader(
