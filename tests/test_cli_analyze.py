@@ -267,11 +267,17 @@ def test_explore_refuses_options_the_added_models_do_not_use(vit_analysis, tmp_p
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["timm:convit_tiny"], "timm:convit_tiny: give --weights FILE or --random (one of them)"),
+        (
+            ["timm:convit_tiny"],
+            "timm:convit_tiny: give --pretrained, --weights FILE or --random (one of them)",
+        ),
         (
             ["timm:convit_tiny", "--random", "--weights", "w.pt"],
-            "give --weights FILE or --random",
+            "give --pretrained, --weights FILE or --random",
         ),
+        (["timm:convit_tiny", "--random", "--pretrained"], "give --pretrained, --weights FILE"),
+        (["quick", "--pretrained"], "--pretrained without a NAME is for timm:NAME and torchvision"),
+        (["timm:convit_tiny", "--pretrained", "vit-fashion"], "give MODEL or --pretrained NAME"),
         (["quick", "--random"], "--random is for timm:NAME and torchvision:NAME models"),
         (["quick", "--image-size", "8"], "--image-size is for timm:NAME"),
         (["no-such-thing"], "MODEL 'no-such-thing' is not timm:NAME, torchvision:NAME, a preset"),

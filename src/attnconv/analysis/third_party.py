@@ -1,9 +1,18 @@
 """Vision transformers of timm and torchvision: importing them next to a CPU torch, building one by
-name, with local weights or random ones, and what it expects as input.
+name, with local weights, the libraries' own pretrained weights or random ones, and what it
+expects as input.
 
-Nothing is downloaded: weights come from a local file (safetensors, or a ``torch.save``d state
-dict, optionally under a ``"model"`` or ``"state_dict"`` key), or the model keeps its random
-initialisation.
+Weights come from a local file (safetensors, or a ``torch.save``d state dict, optionally under a
+``"model"`` or ``"state_dict"`` key), from the library's own pretrained weights
+(``pretrained=True``), or the model keeps its random initialisation.
+
+**Pretrained weights as the libraries keep them.** timm's come through
+``timm.create_model(name, pretrained=True)``: the Hugging Face hub cache (``HF_HOME``/``hub``, or
+``HF_HUB_CACHE``), downloaded into it where the machine can reach the hub, read from it alone
+under ``HF_HUB_OFFLINE=1``; ``NAME.TAG`` picks one of a model's pretrained tags. torchvision's are
+its ``DEFAULT`` weights enum (``torchvision.models.get_model_weights(name).DEFAULT``), read by its
+own ``get_state_dict`` from ``TORCH_HOME``/``hub/checkpoints``, downloaded there when missing.
+When neither the cache nor the network has them, one line says where they were looked for.
 
 **torchvision next to a CPU torch.** PyPI's torchvision wheel for Linux is built against PyPI's
 CUDA torch. Beside the CPU torch that attnconv installs, its compiled extension (``_C``: detection
@@ -23,6 +32,7 @@ from __future__ import annotations
 import importlib.machinery
 import importlib.util
 import sys
+import urllib.parse
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -148,39 +158,47 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     return loaded
 
 
-def read_weights(path: str | Path, reference: nn.Module) -> dict[str, torch.Tensor]:
-    """The tensors of the weights file ``path`` (``read_state_dict``), checked before anything is
-    built from them: at least one, every floating-point one finite, and each that ``reference``
-    (the model, typically on the meta device) holds in floating point stored in floating point
-    (int8 and other quantised encodings would be cast to nonsense values). UserError naming the
-    file and the weight."""
-    path = Path(path)
-    state = read_state_dict(path)
+def check_weights(
+    state: dict[str, torch.Tensor], reference: nn.Module, label: str
+) -> dict[str, torch.Tensor]:
+    """``state``, checked before anything is built from it: at least one tensor, every
+    floating-point one finite, and each that ``reference`` (the model, typically on the meta
+    device) holds in floating point stored in floating point (int8 and other quantised encodings
+    would be cast to nonsense values). UserError starting with ``label`` (the file's name) and
+    naming the weight."""
     if not state:
-        raise UserError(f"{path.name} holds no tensors")
+        raise UserError(f"{label} holds no tensors")
     floating = {k for k, v in reference.state_dict().items() if v.is_floating_point()}
     for name, tensor in state.items():
         if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
             raise UserError(
-                f"{path.name}: weight {name} holds NaN or infinite values; the file is damaged or "
+                f"{label}: weight {name} holds NaN or infinite values; the file is damaged or "
                 f"was saved from a diverged run"
             )
         if name in floating and not tensor.is_floating_point():
             raise UserError(
-                f"{path.name}: weight {name} is stored as {tensor.dtype}, where the model holds "
+                f"{label}: weight {name} is stored as {tensor.dtype}, where the model holds "
                 f"floating point; save the weights dequantised"
             )
     return state
 
 
-def load_into(model: nn.Module, state: dict[str, torch.Tensor], name: str, path: Path) -> None:
-    """``model.load_state_dict(state)`` with a one-line UserError when they do not fit."""
+def read_weights(path: str | Path, reference: nn.Module) -> dict[str, torch.Tensor]:
+    """The tensors of the weights file ``path`` (``read_state_dict``), checked against
+    ``reference`` by ``check_weights``. UserError naming the file and the weight."""
+    path = Path(path)
+    return check_weights(read_state_dict(path), reference, path.name)
+
+
+def load_into(model: nn.Module, state: dict[str, torch.Tensor], name: str, label: str) -> None:
+    """``model.load_state_dict(state)`` with a one-line UserError, starting with ``label`` (the
+    weights' file name), when they do not fit the model ``name``."""
     try:
         model.load_state_dict(state)
     except RuntimeError as err:
         lines = [line.strip() for line in str(err).splitlines() if line.strip()]
         detail = "; ".join(lines[1:4]) if len(lines) > 1 else lines[0]
-        raise UserError(f"{path.name} does not fit {name}: {detail}") from err
+        raise UserError(f"{label} does not fit {name}: {detail}") from err
 
 
 def _size_pair(size: int | Sequence[int]) -> tuple[int, int]:
@@ -189,18 +207,76 @@ def _size_pair(size: int | Sequence[int]) -> tuple[int, int]:
     return int(size[0]), int(size[1])
 
 
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
+
+
+def _not_cached(spec: str, source: str, cache: Path | str, reason: str) -> UserError:
+    """The one line for pretrained weights that neither the cache nor the network has."""
+    return UserError(
+        f"{spec}: its pretrained weights ({source}) are not in the cache {cache} and could not be "
+        f"downloaded ({reason}); fetch them on a machine that can, or give --weights FILE"
+    )
+
+
+def _timm_pretrained(timm: ModuleType, name: str, kwargs: dict[str, Any]) -> tuple[nn.Module, str]:
+    """``timm.create_model(name, pretrained=True)``: timm's own loading, from the Hugging Face hub
+    cache (or the hub) or, for models without a hub copy, torch's hub cache (or the URL). Returns
+    the model and where its weights came from."""
+    from safetensors import SafetensorError
+
+    config = timm.models.get_pretrained_cfg(name)
+    if config is None or not (config.hf_hub_id or config.url or config.file):
+        raise UserError(f"timm:{name} has no pretrained weights: give --weights FILE or --random")
+    offline = False
+    if config.hf_hub_id:
+        from huggingface_hub import constants
+
+        source, cache = f"Hugging Face hub {config.hf_hub_id}", constants.HF_HUB_CACHE
+        offline = constants.HF_HUB_OFFLINE
+    else:
+        source, cache = config.url or config.file, Path(torch.hub.get_dir()) / "checkpoints"
+    try:
+        model = timm.create_model(name, pretrained=True, **kwargs)
+    except OSError as err:  # the hub's LocalEntryNotFoundError, offline mode, HTTP and URL errors
+        reason = "HF_HUB_OFFLINE is set" if offline else _first_line(err)
+        raise _not_cached(f"timm:{name}", source, cache, reason) from err
+    except SafetensorError as err:
+        raise UserError(
+            f"timm:{name}: the cached weights of {source} in {cache} are damaged "
+            f"({_first_line(err)}); delete them to fetch them again"
+        ) from err
+    return model, f"pretrained {config.hf_hub_id or source}"
+
+
 def build_timm(
-    name: str, weights: str | Path | None, image_size: int | None = None
+    name: str,
+    weights: str | Path | None,
+    image_size: int | None = None,
+    pretrained: bool = False,
 ) -> ThirdPartyModel:
-    """timm's model ``name`` (``timm.create_model``), with the weights of a local file (read and
-    checked by ``read_weights``, then handed to timm's own loader, which adapts checkpoints of the
-    original repositories and resamples position embeddings to ``image_size``) or random ones."""
+    """timm's model ``name`` (``timm.create_model``; ``NAME.TAG`` one of its pretrained tags) with
+    timm's own pretrained weights (``pretrained``: module docstring), the weights of a local file
+    (read and checked by ``read_weights``, then handed to timm's own loader, which adapts
+    checkpoints of the original repositories), or random ones; position embeddings are resampled
+    to ``image_size`` by timm."""
     timm = import_timm()
     if not timm.is_model(name):
         raise UserError(f"timm has no model {name!r} (timm.list_models() names them)")
+    try:
+        timm.models.get_pretrained_cfg(name)
+    except RuntimeError as err:  # an unknown tag of a known architecture
+        architecture = name.partition(".")[0]
+        raise UserError(
+            f"timm:{name}: {_first_line(err)} (timm.list_pretrained({architecture + '*'!r}) "
+            f"names the tags)"
+        ) from err
     kwargs: dict[str, Any] = {} if image_size is None else {"img_size": image_size}
-    if weights is None:
-        model = timm.create_model(name, pretrained=False, **kwargs)
+    if pretrained:
+        model, source = _timm_pretrained(timm, name, kwargs)
+    elif weights is None:
+        model, source = timm.create_model(name, pretrained=False, **kwargs), "random"
     else:
         path = Path(weights)
         with torch.device("meta"):  # the shapes and types only, to check the file against
@@ -215,26 +291,55 @@ def build_timm(
             raise UserError(
                 f"{path.name} does not fit timm:{name}: {'; '.join(lines[:3])}"
             ) from err
+        source = path.name
     config = timm.data.resolve_data_config({}, model=model)
     patch_embed = getattr(model, "patch_embed", None)
     size = getattr(patch_embed, "img_size", None) or config["input_size"][1:]
     return ThirdPartyModel(
         model.eval(),
         f"timm:{name}",
-        "random" if weights is None else Path(weights).name,
+        source,
         _size_pair(size),
         tuple(float(v) for v in config["mean"]),
         tuple(float(v) for v in config["std"]),
     )
 
 
+def _torchvision_pretrained(
+    torchvision: ModuleType, name: str, reference: nn.Module
+) -> tuple[dict[str, torch.Tensor], Any]:
+    """The state dict of torchvision's ``DEFAULT`` weights of ``name``, read by the weights enum's
+    own ``get_state_dict`` (torch's hub cache, downloaded into it when missing; the hash is
+    checked on download), checked by ``check_weights``. Returns it and the weights enum."""
+    import pickle
+
+    weights = torchvision.models.get_model_weights(name).DEFAULT
+    file = Path(urllib.parse.urlparse(weights.url).path).name
+    cache = Path(torch.hub.get_dir()) / "checkpoints"
+    try:
+        state = weights.get_state_dict(progress=True, check_hash=True)
+    except OSError as err:  # URLError, HTTPError, a failed hash check
+        raise _not_cached(f"torchvision:{name}", str(weights), cache, _first_line(err)) from err
+    except (RuntimeError, EOFError, pickle.UnpicklingError) as err:
+        raise UserError(
+            f"torchvision:{name}: the cached weights {cache / file} are not a state dict torch "
+            f"can load ({_first_line(err)}); delete the file to download it again"
+        ) from err
+    return check_weights(state, reference, file), weights
+
+
 def build_torchvision(
-    name: str, weights: str | Path | None, image_size: int | None = None
+    name: str,
+    weights: str | Path | None,
+    image_size: int | None = None,
+    pretrained: bool = False,
 ) -> ThirdPartyModel:
     """torchvision's model ``name`` (``torchvision.models.get_model``, built for ``image_size``
-    when given, a multiple of its patch size), with the weights of a local file (``read_weights``)
-    or random ones; the classifier is sized from the file's ``heads.head.weight`` when it has one
-    of the model's width, which its bytes then back."""
+    when given, a multiple of its patch size) with torchvision's own ``DEFAULT`` pretrained
+    weights (``pretrained``: module docstring), the weights of a local file (``read_weights``),
+    or random ones. The classifier is sized from the weights' ``heads.head.weight`` when it has
+    one of the model's width, which its bytes then back; their position embedding is resampled to
+    ``image_size`` by torchvision's own ``interpolate_embeddings`` when it differs."""
     torchvision = import_torchvision()
     if name not in torchvision.models.list_models():
         raise UserError(
@@ -252,28 +357,43 @@ def build_torchvision(
                 f"{reference.patch_size}, got {image_size}"
             )
         kwargs["image_size"] = image_size
-    state = None
-    if weights is not None:
+    state, mean, std = None, IMAGENET_MEAN, IMAGENET_STD
+    if pretrained:
+        state, enum = _torchvision_pretrained(torchvision, name, reference)
+        label, source = str(enum), f"pretrained {enum}"
+        transform = enum.transforms()
+        mean, std = tuple(transform.mean), tuple(transform.std)
+    elif weights is not None:
         state = read_weights(weights, reference)
+        label = source = Path(weights).name
+    else:
+        source = "random"
+    if state is not None:
         head = state.get("heads.head.weight")
         if head is not None:
             width = reference.heads.head.in_features
             if head.dim() != 2 or head.shape[0] < 1 or head.shape[1] != width:
                 raise UserError(
-                    f"{Path(weights).name}: heads.head.weight has shape {tuple(head.shape)}, but "
+                    f"{label}: heads.head.weight has shape {tuple(head.shape)}, but "
                     f"torchvision:{name} takes (classes, {width})"
                 )
             kwargs["num_classes"] = head.shape[0]
+        position = state.get("encoder.pos_embedding")
+        size = kwargs.get("image_size", reference.image_size)
+        tokens = (size // reference.patch_size) ** 2 + 1
+        if position is not None and position.dim() == 3 and position.shape[1] != tokens:
+            interpolate = torchvision.models.vision_transformer.interpolate_embeddings
+            state = interpolate(size, reference.patch_size, state)
     model = torchvision.models.get_model(name, weights=None, **kwargs)
     if state is not None:
-        load_into(model, state, f"torchvision:{name}", Path(weights))
+        load_into(model, state, f"torchvision:{name}", label)
     return ThirdPartyModel(
         model.eval(),
         f"torchvision:{name}",
-        "random" if weights is None else Path(weights).name,
+        source,
         _size_pair(model.image_size),
-        IMAGENET_MEAN,
-        IMAGENET_STD,
+        tuple(float(v) for v in mean),
+        tuple(float(v) for v in std),
     )
 
 
@@ -281,11 +401,17 @@ LIBRARIES = {"timm": build_timm, "torchvision": build_torchvision}
 
 
 def build_third_party(
-    spec: str, weights: str | Path | None, image_size: int | None = None
+    spec: str,
+    weights: str | Path | None,
+    image_size: int | None = None,
+    pretrained: bool = False,
 ) -> ThirdPartyModel:
     """The model named ``spec`` = ``"timm:NAME"`` or ``"torchvision:NAME"`` (see ``build_timm``,
-    ``build_torchvision``); ``weights=None`` keeps the random initialisation."""
+    ``build_torchvision``) with the library's own pretrained weights (``pretrained``), the weights
+    of the local file ``weights``, or (neither) its random initialisation."""
+    if pretrained and weights is not None:
+        raise ValueError("give weights or pretrained=True, not both")
     library, _, name = spec.partition(":")
     if library not in LIBRARIES or not name:
         raise UserError(f"expected timm:NAME or torchvision:NAME, got {spec!r}")
-    return LIBRARIES[library](name, weights, image_size)
+    return LIBRARIES[library](name, weights, image_size, pretrained)

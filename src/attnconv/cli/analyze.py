@@ -1,8 +1,9 @@
 """``attnconv analyze MODEL --out DIR``: attention distance (patches and pixels), grid score, maps,
 contours, heads.csv and an explorer page of any vision transformer (``attnconv.analysis``).
 
-MODEL is ``timm:NAME`` or ``torchvision:NAME`` (with ``--weights FILE`` or ``--random``), a preset
-name (its random initialisation), a checkpoint file or run folder; or ``--pretrained NAME``. A
+MODEL is ``timm:NAME`` or ``torchvision:NAME`` (with ``--pretrained``: the library's own weights,
+from its cache or downloaded; ``--weights FILE``; or ``--random``), a preset name (its random
+initialisation), a checkpoint file or run folder; or ``--pretrained NAME``, a shipped model. A
 transformed network (T-CNN, e.g. what ``attnconv transform`` writes) gets the measures of its
 transformed layers: attention distance, tap score, content gates, distance moved from the taps.
 """
@@ -24,10 +25,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "model",
         nargs="?",
         metavar="MODEL",
-        help="timm:NAME or torchvision:NAME (with --weights or --random), a preset name (its "
-        "random initialisation), a checkpoint file or a run folder",
+        help="timm:NAME or torchvision:NAME (with --pretrained, --weights or --random), a preset "
+        "name (its random initialisation), a checkpoint file or a run folder",
     )
-    parser.add_argument("--pretrained", metavar="NAME", help="a model shipped with attnconv")
+    parser.add_argument(
+        "--pretrained",
+        nargs="?",
+        const=True,
+        metavar="NAME",
+        help="NAME: a model shipped with attnconv; after timm:NAME or torchvision:NAME (no NAME "
+        "here): that library's own pretrained weights, read from its cache (the Hugging Face hub "
+        "cache, TORCH_HOME) or downloaded into it where the network allows",
+    )
     parser.add_argument("--out", required=True, help="folder for the tables and figures")
     parser.add_argument(
         "--weights",
@@ -89,15 +98,21 @@ def _third_party(args: argparse.Namespace):
     from attnconv.analysis.analyze import analyze_third_party
     from attnconv.analysis.third_party import build_third_party
 
-    if (args.weights is None) == (not args.random):
-        raise UserError(f"{args.model}: give --weights FILE or --random (one of them)")
+    pretrained = args.pretrained is True
+    if (args.weights is not None) + args.random + pretrained != 1:
+        raise UserError(
+            f"{args.model}: give --pretrained, --weights FILE or --random (one of them)"
+        )
     if args.data_dir is not None and args.images is None:
         raise UserError("--data-dir is for --images DATASET; the shipped test images need none")
     if args.image_size is not None and args.image_size < 1:
         raise UserError(f"--image-size must be positive, got {args.image_size}")
-    weights = "random weights" if args.random else f"the weights of {args.weights}"
+    if pretrained:
+        weights = "its library's pretrained weights (from the cache, else downloaded)"
+    else:
+        weights = "random weights" if args.random else f"the weights of {args.weights}"
     say(f"building {args.model} with {weights}")
-    loaded = build_third_party(args.model, args.weights, args.image_size)
+    loaded = build_third_party(args.model, args.weights, args.image_size, pretrained)
     return analyze_third_party(
         loaded,
         args.out,
@@ -177,7 +192,18 @@ def _attnconv(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    if (args.model is None) == (args.pretrained is None):
+    named = isinstance(args.pretrained, str)
+    if args.model is None and named and args.pretrained.startswith(LIBRARIES):
+        args.model, args.pretrained = args.pretrained, True  # --pretrained timm:NAME
+    library = args.model is not None and args.model.startswith(LIBRARIES)
+    if args.pretrained is True and not library:
+        raise UserError(
+            "--pretrained without a NAME is for timm:NAME and torchvision:NAME models; a shipped "
+            "model is --pretrained NAME"
+        )
+    if (args.model is None) == (args.pretrained is None) and not library:
+        raise UserError("give MODEL or --pretrained NAME (one of them)")
+    if library and isinstance(args.pretrained, str):
         raise UserError("give MODEL or --pretrained NAME (one of them)")
     if args.num_images < 1:
         raise UserError(f"--num-images must be at least 1, got {args.num_images}")
@@ -187,9 +213,6 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--window must be a non-negative number of patches, got {args.window}")
     if args.query is not None:
         args.query = tuple(args.query)
-    if args.model is not None and args.model.startswith(LIBRARIES):
-        analysis = _third_party(args)
-    else:
-        analysis = _attnconv(args)
+    analysis = _third_party(args) if library else _attnconv(args)
     print(analysis.summary)
     return 0
