@@ -1,17 +1,19 @@
-"""``MultiHeadSelfAttention2d``: self-attention over the pixels of an image.
+r"""``MultiHeadSelfAttention2d``: self-attention over the pixels of an image.
 
-Each head ``h`` computes ``P^h = softmax(A^h)`` over key pixels, with ``A^h`` a sum of the scores it
-is configured with (docs/theory.md §1), and the layer returns ``Σ_h P^h V^h W^h_out + b_out``.
+Each head $h$ computes $P^h = \operatorname{softmax}(A^h)$ over key pixels, with $A^h$ a sum of the
+scores it is configured with ([the mathematics, §1][1-pixels-offsets-and-the-attention-layer]), and
+the layer returns $\sum_h P^h V^h W^h_\text{out} + b_\text{out}$.
 
-Execution paths, all exact (tested against ``impl="dense"``, the plain per-image N×N reference):
+Execution paths, all exact (tested against ``impl="dense"``, the plain per-image $N \times N$
+reference):
 
-* position-only, separable (isotropic ``gaussian``, ``learned``): ``P^h = R^h ⊗ C^h``; attend along
-  rows with ``R^h (H×H)`` and along columns with ``C^h (W×W)``. ``O(N·(H+W))`` per head and image,
-  no ``N×N`` tensor. On a CPU, without a value projection and above ``FUSED_MIN_ELEMENTS``, heads
-  are attended and projected one at a time, so no tensor of ``heads ×`` the input's size exists
-  either (``attention/separable.py``); see ``use_fused_route``.
-* position-only, not separable (``gaussian_full``): ``P^h (N×N)`` is built once per forward and
-  applied to the whole batch as one matrix product.
+* position-only, separable (isotropic ``gaussian``, ``learned``): $P^h = R^h \otimes C^h$; attend
+  along rows with $R^h$ ($H \times H$) and along columns with $C^h$ ($W \times W$). $O(N (H + W))$
+  per head and image, no $N \times N$ tensor. On a CPU, without a value projection and above
+  ``FUSED_MIN_ELEMENTS``, heads are attended and projected one at a time, so no tensor of
+  ``heads ×`` the input's size exists either (``attention/separable.py``); see ``use_fused_route``.
+* position-only, not separable (``gaussian_full``): $P^h$ ($N \times N$) is built once per forward
+  and applied to the whole batch as one matrix product.
 * with content scores: per-image ``(B, heads, N, N)`` logits from one batched product
   (``attention/content.py``): a positional term shared by the batch is added as one
   ``(heads, N, N)`` bias; the per-image content × position term (with the positional one) is
@@ -20,11 +22,12 @@ Execution paths, all exact (tested against ``impl="dense"``, the plain per-image
 Attention dropout (probability ``dropout``) acts on the probabilities. With content scores it is the
 usual independent mask per image, head and entry. Position-only probabilities are the same for
 every image, and the layer keeps them shared: one mask per forward, shared by the batch, **factored
-as** ``M = M_row ⊗ M_col`` with independent Bernoulli masks on the row and column factors, each
-keeping an entry with probability ``√(1−p)`` and rescaled by ``1/√(1−p)``. Each entry of ``P`` is
-kept with probability ``1 − p`` and the expectation of the output is unchanged, as with plain
-dropout; entries sharing a row (or column) offset pair are dropped together. The dense reference
-path draws and applies exactly the same factored mask, so both paths agree sample by sample.
+as** $M = M_\text{row} \otimes M_\text{col}$ with independent Bernoulli masks on the row and column
+factors, each keeping an entry with probability $\sqrt{1 - p}$ and rescaled by $1/\sqrt{1 - p}$.
+Each entry of $P$ is kept with probability $1 - p$ and the expectation of the output is unchanged,
+as with plain dropout; entries sharing a row (or column) offset pair are dropped together. The dense
+reference path draws and applies exactly the same factored mask, so both paths agree sample by
+sample.
 """
 
 from __future__ import annotations
@@ -102,43 +105,47 @@ def _legacy_attribute(layer: MultiHeadSelfAttention2d, old: str) -> Tensor:
 
 
 class MultiHeadSelfAttention2d(nn.Module):
-    """Multi-head self-attention over an ``H×W`` grid of ``dim``-channel pixels.
+    r"""Multi-head self-attention over an ``H×W`` grid of ``dim``-channel pixels.
 
     Args:
         dim: channels of the input pixels.
         heads: number of heads ``Nh``.
-        head_dim: channels each head attends over; defaults to ``dim``. When equal to ``dim``
-            there is no value projection: every head attends over the raw input (the paper's
-            model, where ``W_val W_out`` is one matrix per head held by ``out``).
+        head_dim: channels each head attends over; defaults to ``dim``. When equal to ``dim`` there
+            is no value projection: every head attends over the raw input (the paper's model, where
+            $W_\text{val} W_\text{out}$ is one matrix per head held by ``out``).
         positional: ``"gaussian"`` (isotropic quadratic), ``"gaussian_full"`` (generalized
-            quadratic, ``Σ⁻¹ = S Sᵀ``), ``"learned"`` (learned relative row/column embeddings) or
-            ``None``.
-        content: add the content score ``(X_q W_qry)ᵀ(X_k W_key) / √head_dim``.
-        content_positional: add ``(X_q W_qry)ᵀ r_δ / √head_dim``; needs ``positional="learned"``.
-        position_term: ``positional="learned"`` only: keep its position-only term ``w_hᵀ r_δ``
-            (default). ``False`` drops it (and the head vectors ``w_h``): the tables then enter
-            only through ``content_positional``, which must be on. The three content forms of
-            docs/theory.md §1 ("Content models"): the paper's code ``w·r + q·k/√d``
-            (``content=True``), its later variant ``q·r/√d + q·k/√d`` (``content=True,
-            content_positional=True, position_term=False``), all three terms (``content=True,
-            content_positional=True``).
-        positional_init: initialisation of the positional score, ``"original"`` (the paper's
-            code: learned tables ``N(0, 1)``, head keys ``U(±1/√fan_in)``) or ``"bert"`` (tables
-            ``N(0, 0.02²)``); see ``attention/positional.py``. Gaussian scores start as the paper
-            says under both, or with ``"grid"`` on the taps of a ``K×K`` kernel (``K² = heads``,
-            inverse std ``GRID_SPREAD``), Theorem 1's construction as a start.
+            quadratic, $\Sigma^{-1} = S S^\top$), ``"learned"`` (learned relative row/column
+            embeddings) or ``None``.
+        content: add the content score $(X_q W_\text{qry})^\top (X_k W_\text{key}) / \sqrt d$, $d$ =
+            ``head_dim``.
+        content_positional: add $(X_q W_\text{qry})^\top r_\delta / \sqrt d$; needs
+            ``positional="learned"``.
+        position_term: ``positional="learned"`` only: keep its position-only term
+            $w_h^\top r_\delta$ (default). ``False`` drops it (and the head vectors $w_h$): the
+            tables then enter only through ``content_positional``, which must be on. The three
+            content forms of [the mathematics, §1][content-models]: the paper's code
+            $w \cdot r + q \cdot k / \sqrt d$ (``content=True``), its later variant
+            $q \cdot r / \sqrt d + q \cdot k / \sqrt d$
+            (``content=True, content_positional=True, position_term=False``), all three terms
+            (``content=True, content_positional=True``).
+        positional_init: initialisation of the positional score, ``"original"`` (the paper's code:
+            learned tables $\mathcal N(0, 1)$, head keys $\mathcal U(\pm 1/\sqrt{\text{fan\_in}})$)
+            or ``"bert"`` (tables $\mathcal N(0, 0.02^2)$); see ``attention/positional.py``.
+            Gaussian scores start as the paper says under both, or with ``"grid"`` on the taps of a
+            $K \times K$ kernel ($K^2$ = ``heads``, inverse std ``GRID_SPREAD``), Theorem 1's
+            construction as a start.
         dropout: attention dropout probability on the probabilities (see module docstring).
         out_dim: channels of the output pixels; defaults to ``dim``.
         max_size: largest image side the learned embeddings cover (offsets ``±(max_size−1)``).
-        hard: ``gaussian`` only: use the exact ``s → ∞`` limit of the score (all mass on the
-            pixel nearest ``q + Δ``), as in the constructive proof of Theorem 1.
+        hard: ``gaussian`` only: use the exact $s \to \infty$ limit of the score (all mass on the
+            pixel nearest $q + \Delta$), as in the constructive proof of Theorem 1.
         impl: ``"auto"`` (fastest exact path) or ``"dense"`` (explicit per-image ``N×N``
             reference); settable after construction.
 
     Shapes: input ``(B, H, W, dim)`` → output ``(B, H, W, out_dim)``; any ``H×W``.
     Submodules: ``position``, the positional score (``attention/positional.py``; ``None`` without
     one), which holds its parameters: ``centers (heads, 2)`` offsets in pixels (row, col) and
-    ``spread`` ``(heads,)`` inverse std or ``(heads, 2, 2)`` = ``S``; or ``row_embedding`` /
+    ``spread`` ``(heads,)`` inverse std or ``(heads, 2, 2)`` = $S$; or ``row_embedding`` /
     ``col_embedding`` ``(2·max_size−1, ·)`` and ``weight (heads, head_dim)``. ``query``/``key``
     ``Linear(dim, heads·head_dim)``; ``value`` (only when ``head_dim ≠ dim``); ``out``
     ``Linear(heads·head_dim, out_dim)``.
@@ -249,7 +256,7 @@ class MultiHeadSelfAttention2d(nn.Module):
 
     @property
     def hard(self) -> bool:
-        """True for the ``s → ∞`` limit of the isotropic Gaussian score."""
+        r"""True for the $s \to \infty$ limit of the isotropic Gaussian score."""
         return self.position is not None and self.position.hard
 
     @property
@@ -264,12 +271,13 @@ class MultiHeadSelfAttention2d(nn.Module):
 
     @property
     def separable(self) -> bool:
-        """True when position-only probabilities factor as ``R ⊗ C`` (row and column terms)."""
+        r"""True when position-only probabilities factor as $R \otimes C$ (row and column terms)."""
         return self.position_only and self.position.separable
 
     def reset_positional_parameters(self) -> None:
-        """Initialise the positional score again (``position.reset_parameters``): ``Δ ~ N(0, 2²)``,
-        ``s = 1 + N(0, 0.01²)``, ``S = I + N(0, 0.01²)``; learned tables and keys as the layer's
+        r"""Initialise the positional score again (``position.reset_parameters``):
+        $\Delta \sim \mathcal N(0, 2^2)$, $s = 1 + \mathcal N(0, 0.01^2)$,
+        $S = I + \mathcal N(0, 0.01^2)$; learned tables and keys as the layer's
         ``positional_init`` says."""
         if self.position is not None:
             self.position.reset_parameters()
@@ -554,11 +562,12 @@ class MultiHeadSelfAttention2d(nn.Module):
 
     @torch.no_grad()
     def head_geometry(self) -> dict[str, Tensor]:
-        """Geometry of Gaussian heads.
+        r"""Geometry of Gaussian heads.
 
-        Returns ``centers (heads, 2)`` in pixels, ``covariance (heads, 2, 2)`` (``Σ = (S Sᵀ)⁻¹``,
-        or ``I / s²``; ``inf`` entries for a singular precision) and ``condition_number (heads,)``
-        of the covariance (``inf`` when singular, 1 for isotropic heads).
+        Returns ``centers (heads, 2)`` in pixels, ``covariance (heads, 2, 2)``
+        ($\Sigma = (S S^\top)^{-1}$, or $I / s^2$; ``inf`` entries for a singular precision) and
+        ``condition_number (heads,)`` of the covariance (``inf`` when singular, 1 for isotropic
+        heads).
         """
         if not self.has_centers:
             raise ValueError(

@@ -1,16 +1,16 @@
-"""Positional scores as modules: each owns its parameters, initialisation and logits.
+r"""Positional scores as modules: each owns its parameters, initialisation and logits.
 
-A positional score gives every head ``h`` a logit ``A^h[q, k]`` that depends on the offset
-``δ = k − q`` only (docs/theory.md §1, "Scores"). :class:`MultiHeadSelfAttention2d` holds one of
-these modules as ``layer.position``, picked by name from :data:`POSITIONAL_SCORES`, and asks it for
-everything that depends on the kind of score:
+A positional score gives every head $h$ a logit $A^h_{q,k}$ that depends on the offset
+$\delta = k - q$ only ([the mathematics, §1][1-pixels-offsets-and-the-attention-layer], "Scores").
+:class:`MultiHeadSelfAttention2d` holds one of these modules as ``layer.position``, picked by name
+from :data:`POSITIONAL_SCORES`, and asks it for everything that depends on the kind of score:
 
 * ``logits(H, W)``: dense logits over pixel pairs ``(heads, H·W, H·W)``;
 * ``factors(H, W)``: for a ``separable`` score (a row term plus a column term), row
   ``(heads, H, H)`` and column ``(heads, W, W)`` logits whose Kronecker sum is ``logits``;
 * ``probability_factors(H, W)`` and ``offset_probs(H, W)``: the softmax of those, per factor, and
-  each head's attention over all offsets, as for an interior query (docs/theory.md §2, "The other
-  direction");
+  each head's attention over all offsets, as for an interior query
+  ([the mathematics, §2, "The other direction"][2-theorem-1-attention-can-be-any-convolution]);
 * ``covers(H, W)`` / ``check_size(H, W)``: whether the score is defined on an ``H×W`` image;
 * ``reset_parameters()``: the initialisation (``init``, see :data:`POSITIONAL_INITS`);
   ``select_heads(index)``: keep some heads;
@@ -35,24 +35,28 @@ def _axis_offsets(n: int, like: Tensor) -> Tensor:
 
 
 POSITIONAL_INITS: tuple[str, ...] = ("original", "bert", "grid")
-"""Initialisations of the positional scores (docs/theory.md §4, "Initialisation"). Learned score:
-``"original"`` as the paper's code ran it (tables ``N(0, 1)``, each axis's head keys
-``U(±1/√d_axis)``), ``"bert"`` BERT's small tables (``N(0, 0.02²)``, head vectors
-``N(0, 1/head_dim)``). Gaussian scores: the paper's random start under ``"original"`` and
+r"""Initialisations of the positional scores
+([the mathematics, §4, "Initialisation"][initialisation]). Learned score: ``"original"`` as the
+paper's code ran it (tables $\mathcal N(0, 1)$, each axis's head keys
+$\mathcal U(\pm 1/\sqrt{d_\text{axis}})$), ``"bert"`` BERT's small tables ($\mathcal N(0, 0.02^2)$,
+head vectors $\mathcal N(0, 1/d)$, $d$ = ``head_dim``). Gaussian scores: the paper's random start under ``"original"`` and
 ``"bert"`` alike, or ``"grid"``, Theorem 1's construction as a start (:func:`grid_centers`: the
-``K²`` heads on the taps of a ``K×K`` kernel, spread :data:`GRID_SPREAD`)."""
+$K^2$ heads on the taps of a $K \times K$ kernel, spread :data:`GRID_SPREAD`)."""
 
 GRID_SPREAD = 2.0
-"""Inverse standard deviation (1/pixels) of every head under ``init="grid"``: a head puts
-``e^{-2} ≈ 13.5%`` of its centre tap's weight on each neighbouring tap, so it starts local but
-not saturated (at ``s = 4`` the softmax's gradients are ``e^{-8}`` smaller and the geometry hardly
-moves; ConViT's local start, ``−‖δ − Δ‖²``, is ``s = √2``)."""
+r"""Inverse standard deviation (1/pixels) of every head under ``init="grid"``: a head puts
+$e^{-2} \approx 13.5\%$ of its centre tap's weight on each neighbouring tap, so it starts local but
+not saturated (at $s = 4$ the softmax's gradients are $e^{-8}$ smaller and the geometry hardly
+moves; ConViT's local start, $-\lVert \delta - \Delta \rVert^2$, is $s = \sqrt 2$)."""
 
 
 def grid_centers(heads: int) -> Tensor:
-    """``(heads, 2)`` offsets (row, col) in pixels of the ``K×K`` kernel taps, ``K² = heads``:
-    head ``h = i·K + j`` sits on ``(i − ⌊K/2⌋, j − ⌊K/2⌋)``, as in Theorem 1's construction for a
-    convolution with "same" padding (docs/theory.md §2). ValueError unless ``heads`` is a square."""
+    r"""``(heads, 2)`` offsets (row, col) in pixels of the $K \times K$ kernel taps,
+    $K^2$ = ``heads``: head $h = iK + j$ sits on
+    $(i - \lfloor K/2 \rfloor, j - \lfloor K/2 \rfloor)$, as in Theorem 1's construction for a
+    convolution with "same" padding
+    ([the mathematics, §2][2-theorem-1-attention-can-be-any-convolution]). ValueError unless
+    ``heads`` is a square."""
     size = math.isqrt(heads)
     if size * size != heads:
         raise ValueError(
@@ -100,7 +104,8 @@ class PositionalScore(nn.Module):
     separable: ClassVar[bool] = True
     has_centers: ClassVar[bool] = False
     has_embeddings: ClassVar[bool] = False
-    """Offers ``row_embedding`` / ``col_embedding``, the ``r_δ`` of the content × position score."""
+    r"""Offers ``row_embedding`` / ``col_embedding``, the $r_\delta$ of the content × position
+    score."""
     hard: bool = False
     position_term: bool = True
     """Whether the score adds a position-only term to the logits (only a learned score built with
@@ -191,8 +196,8 @@ class PositionalScore(nn.Module):
 
 
 class _CenteredScore(PositionalScore):
-    """A Gaussian bump of attention per head: centre ``Δ_h`` (``centers (heads, 2)``, pixels,
-    (row, col)) and a precision ``Σ⁻¹`` built from ``spread``."""
+    r"""A Gaussian bump of attention per head: centre $\Delta_h$ (``centers (heads, 2)``, pixels,
+    (row, col)) and a precision $\Sigma^{-1}$ built from ``spread``."""
 
     has_centers = True
 
@@ -227,16 +232,17 @@ class _CenteredScore(PositionalScore):
         raise NotImplementedError
 
     def precision(self) -> Tensor:
-        """``Σ⁻¹ (heads, 2, 2)`` in 1/pixels²."""
+        r"""$\Sigma^{-1}$ ``(heads, 2, 2)`` in 1/pixels²."""
         raise NotImplementedError
 
     @torch.no_grad()
     def reset_parameters(self) -> None:
-        """Paper initialisation (docs/theory.md §1): ``Δ ~ N(0, 2²)``, spread = identity plus
-        ``N(0, 0.01²)`` noise; with ``init="grid"`` the heads on the taps of a ``K×K`` kernel
-        (:func:`grid_centers`) with spread ``GRID_SPREAD`` times the identity, no noise. The grid
-        start draws (and discards) the paper's random numbers too, so that under one seed every
-        other weight of a model starts the same under both: the two starts differ only here."""
+        r"""Paper initialisation ([the mathematics, §1][1-pixels-offsets-and-the-attention-layer]):
+        $\Delta \sim \mathcal N(0, 2^2)$, spread = identity plus $\mathcal N(0, 0.01^2)$ noise; with
+        ``init="grid"`` the heads on the taps of a $K \times K$ kernel (:func:`grid_centers`) with
+        spread ``GRID_SPREAD`` times the identity, no noise. The grid start draws (and discards) the
+        paper's random numbers too, so that under one seed every other weight of a model starts the
+        same under both: the two starts differ only here."""
         self.centers.normal_(0.0, 2.0)
         self.spread.normal_(0.0, 0.01)
         self.spread.add_(self._spread_identity())
@@ -252,9 +258,9 @@ class _CenteredScore(PositionalScore):
 
     @torch.no_grad()
     def geometry(self) -> dict[str, Tensor]:
-        """Geometry of the heads: ``centers (heads, 2)`` in pixels, ``covariance (heads, 2, 2)``
-        (``Σ``; ``inf`` entries for a singular precision) and ``condition_number (heads,)`` of the
-        covariance (``inf`` when singular, 1 for isotropic heads)."""
+        r"""Geometry of the heads: ``centers (heads, 2)`` in pixels, ``covariance (heads, 2, 2)``
+        ($\Sigma$; ``inf`` entries for a singular precision) and ``condition_number (heads,)`` of
+        the covariance (``inf`` when singular, 1 for isotropic heads)."""
         precision = self.precision().double()
         eye = torch.eye(2, dtype=precision.dtype, device=precision.device)
         eigenvalues = torch.linalg.eigvalsh(precision).clamp_min(0.0)  # ascending
@@ -273,11 +279,12 @@ class _CenteredScore(PositionalScore):
 
 
 class GaussianScore(_CenteredScore):
-    """Isotropic quadratic score ``−½ s_h² ‖δ − Δ_h‖²``: separable.
+    r"""Isotropic quadratic score $-\frac12 s_h^2 \lVert \delta - \Delta_h \rVert^2$: separable.
 
     Parameters: ``centers (heads, 2)`` and ``spread (heads,)`` the inverse standard deviations
-    ``s_h``. With ``hard=True`` the probabilities are the exact ``s → ∞`` limit (all mass on the
-    key pixels nearest ``q + Δ_h``), as in the constructive proof of Theorem 1 (docs/theory.md §2).
+    $s_h$. With ``hard=True`` the probabilities are the exact $s \to \infty$ limit (all mass on the
+    key pixels nearest $q + \Delta_h$), as in the constructive proof of Theorem 1
+    ([the mathematics, §2][2-theorem-1-attention-can-be-any-convolution]).
     """
 
     name = "gaussian"
@@ -321,10 +328,11 @@ class GaussianScore(_CenteredScore):
 
 
 class GaussianFullScore(_CenteredScore):
-    """Generalized quadratic score ``−½ (δ − Δ_h)ᵀ S_h S_hᵀ (δ − Δ_h)``: not separable.
+    r"""Generalized quadratic score
+    $-\frac12 (\delta - \Delta_h)^\top S_h S_h^\top (\delta - \Delta_h)$: not separable.
 
-    Parameters: ``centers (heads, 2)`` and ``spread (heads, 2, 2)`` the matrices ``S_h`` with
-    ``Σ_h⁻¹ = S_h S_hᵀ``.
+    Parameters: ``centers (heads, 2)`` and ``spread (heads, 2, 2)`` the matrices $S_h$ with
+    $\Sigma_h^{-1} = S_h S_h^\top$.
     """
 
     name = "gaussian_full"
@@ -354,21 +362,24 @@ class GaussianFullScore(_CenteredScore):
 
 
 class LearnedScore(PositionalScore):
-    """Learned relative score ``w_hᵀ [r_row(δ1); r_col(δ2)]``: separable.
+    r"""Learned relative score $w_h^\top [r^\text{row}_{\delta_1}; r^\text{col}_{\delta_2}]$:
+    separable.
 
-    Parameters: ``row_embedding (2·max_size−1, head_dim // 2)`` and ``col_embedding
-    (2·max_size−1, head_dim − head_dim // 2)``, one vector per offset ``−(max_size−1)..max_size−1``
-    shared by the heads (index ``max_size−1`` is offset 0), and ``weight (heads, head_dim)`` the
-    per-head vectors ``w_h``: its first ``head_dim // 2`` columns are the heads' row keys, the
-    rest their column keys. Covers images up to ``max_size`` pixels a side. The tables are also
-    the ``r_δ`` of the content × position score (``scores.content_positional_logits``).
+    Parameters: ``row_embedding (2·max_size−1, head_dim // 2)`` and
+    ``col_embedding (2·max_size−1, head_dim − head_dim // 2)``, one vector per offset
+    ``−(max_size−1)..max_size−1`` shared by the heads (index ``max_size−1`` is offset 0), and
+    ``weight (heads, head_dim)`` the per-head vectors $w_h$: its first ``head_dim // 2`` columns are
+    the heads' row keys, the rest their column keys. Covers images up to ``max_size`` pixels a side.
+    The tables are also the $r_\delta$ of the content × position score
+    (``scores.content_positional_logits``).
 
     ``init`` (:data:`POSITIONAL_INITS`): ``"original"``, the paper's code (tables as
-    ``nn.Embedding``'s default ``N(0, 1)``, row and column keys as two bias-free ``nn.Linear``
-    of fan-in ``d_row`` and ``d_col``: ``U(±1/√d_row)``, ``U(±1/√d_col)``), or ``"bert"`` (tables
-    ``N(0, 0.02²)``, head vectors ``N(0, 1/head_dim)``). With ``"bert"`` the logits start within
-    about ±0.05 and, the score being bilinear, their gradients are as small: the heads stay near
-    uniform attention (docs/theory.md §4).
+    ``nn.Embedding``'s default $\mathcal N(0, 1)$, row and column keys as two bias-free
+    ``nn.Linear`` of fan-in $d_\text{row}$ and $d_\text{col}$:
+    $\mathcal U(\pm 1/\sqrt{d_\text{row}})$, $\mathcal U(\pm 1/\sqrt{d_\text{col}})$), or ``"bert"``
+    (tables $\mathcal N(0, 0.02^2)$, head vectors $\mathcal N(0, 1/d)$, $d$ = ``head_dim``). With
+    ``"bert"`` the logits start within about ±0.05 and, the score being bilinear, their gradients
+    are as small: the heads stay near uniform attention ([the mathematics, §4][initialisation]).
     """
 
     name = "learned"
@@ -412,8 +423,9 @@ class LearnedScore(PositionalScore):
 
     @property
     def position_term(self) -> bool:
-        """Whether the score has its position-only term ``w_hᵀ r_δ`` (head vectors ``weight``);
-        without it the tables serve only as the ``r_δ`` of the content × position score."""
+        r"""Whether the score has its position-only term $w_h^\top r_\delta$ (head vectors
+        ``weight``); without it the tables serve only as the $r_\delta$ of the content × position
+        score."""
         return self.weight is not None
 
     def extra_repr(self) -> str:

@@ -1,10 +1,10 @@
-"""Positional attention scores of the paper, as logits over key pixels.
+r"""Positional attention scores of the paper, as logits over key pixels.
 
-Conventions (docs/theory.md §1): pixels are ``(row, col)``; a query ``q`` and a key ``k`` have the
-relative offset ``δ = k − q``; logits are indexed ``[head, query, key]``. The isotropic Gaussian and
-the learned relative score are sums of a row term and a column term, so they are returned as two
-factors: ``row (heads, H, H)`` over ``(query row, key row)`` and ``col (heads, W, W)`` over
-``(query col, key col)``. The full score over pixels is ``row[h, q1, k1] + col[h, q2, k2]``.
+Conventions ([the mathematics, §1][1-pixels-offsets-and-the-attention-layer]): pixels are
+``(row, col)``; a query $q$ and a key $k$ have the relative offset $\delta = k - q$; logits are
+indexed ``[head, query, key]``. The isotropic Gaussian and the learned relative score are sums of a
+row term and a column term, so they are returned as two factors: ``row (heads, H, H)`` over
+``(query row, key row)`` and ``col (heads, W, W)`` over ``(query col, key col)``. The full score over pixels is ``row[h, q1, k1] + col[h, q2, k2]``.
 """
 
 from __future__ import annotations
@@ -22,12 +22,12 @@ def relative_offsets(n: int, *, device: torch.device, dtype: torch.dtype) -> Ten
 
 
 def gaussian_axis_logits(center: Tensor, spread: Tensor, offsets: Tensor) -> Tensor:
-    """One axis of the isotropic quadratic score: ``−½ s_h² (δ − c_h)²``.
+    r"""One axis of the isotropic quadratic score: $-\frac12 s_h^2 (\delta - c_h)^2$.
 
     Args:
         center: ``(heads,)`` centre offset along this axis, in pixels.
-        spread: ``(heads,)`` inverse standard deviations ``s``.
-        offsets: any shape ``S`` of offsets ``δ`` along this axis.
+        spread: ``(heads,)`` inverse standard deviations $s$.
+        offsets: any shape $S$ of offsets $\delta$ along this axis.
     Returns:
         ``(heads, *S)`` logits.
     """
@@ -39,11 +39,12 @@ def gaussian_axis_logits(center: Tensor, spread: Tensor, offsets: Tensor) -> Ten
 def gaussian_factors(
     centers: Tensor, spread: Tensor, height: int, width: int
 ) -> tuple[Tensor, Tensor]:
-    """Row and column logits of the isotropic quadratic score ``−½ s² ‖δ − Δ‖²``.
+    r"""Row and column logits of the isotropic quadratic score
+    $-\frac12 s^2 \lVert \delta - \Delta \rVert^2$.
 
     Args:
-        centers: ``(heads, 2)`` centre offsets ``Δ`` in pixels, (row, col).
-        spread: ``(heads,)`` inverse standard deviations ``s``.
+        centers: ``(heads, 2)`` centre offsets $\Delta$ in pixels, (row, col).
+        spread: ``(heads,)`` inverse standard deviations $s$.
     Returns:
         ``row (heads, H, H)`` and ``col (heads, W, W)`` logits whose outer sum is the score.
     """
@@ -54,9 +55,10 @@ def gaussian_factors(
 
 
 def hard_gaussian_factors(centers: Tensor, height: int, width: int) -> tuple[Tensor, Tensor]:
-    """Probabilities of the ``s → ∞`` limit of the isotropic Gaussian score, as row/col factors.
+    r"""Probabilities of the $s \to \infty$ limit of the isotropic Gaussian score, as row/col
+    factors.
 
-    In the limit each head puts all its mass on the key pixels nearest to ``q + Δ`` (inside the
+    In the limit each head puts all its mass on the key pixels nearest to $q + \Delta$ (inside the
     image), shared equally among ties. Returns ``row (heads, H, H)`` and ``col (heads, W, W)``
     probability factors (each row sums to one); the attention over pixels is their product.
     """
@@ -68,7 +70,7 @@ def hard_gaussian_factors(centers: Tensor, height: int, width: int) -> tuple[Ten
 
 
 def nearest_offset_probs(center: Tensor, offsets: Tensor) -> Tensor:
-    """``s → ∞`` limit along one axis: uniform over the offsets (last dim) nearest ``center``.
+    r"""$s \to \infty$ limit along one axis: uniform over the offsets (last dim) nearest ``center``.
 
     ``center (heads,)``, ``offsets (..., n)`` → ``(heads, ..., n)``; not differentiable in
     ``center`` (the limit is piecewise constant).
@@ -81,12 +83,13 @@ def nearest_offset_probs(center: Tensor, offsets: Tensor) -> Tensor:
 def quadratic_form_logits(
     centers: Tensor, spread_matrix: Tensor, row_offsets: Tensor, col_offsets: Tensor
 ) -> Tensor:
-    """Generalized quadratic score ``−½ (δ − Δ)ᵀ S Sᵀ (δ − Δ)`` on broadcast offset grids.
+    r"""Generalized quadratic score $-\frac12 (\delta - \Delta)^\top S S^\top (\delta - \Delta)$ on
+    broadcast offset grids.
 
     Args:
-        centers: ``(heads, 2)`` centre offsets ``Δ`` in pixels.
-        spread_matrix: ``(heads, 2, 2)`` matrices ``S`` with ``Σ⁻¹ = S Sᵀ``.
-        row_offsets, col_offsets: offsets ``δ1``, ``δ2`` of broadcastable shapes.
+        centers: ``(heads, 2)`` centre offsets $\Delta$ in pixels.
+        spread_matrix: ``(heads, 2, 2)`` matrices $S$ with $\Sigma^{-1} = S S^\top$.
+        row_offsets, col_offsets: offsets $\delta_1$, $\delta_2$ of broadcastable shapes.
     Returns:
         ``(heads, *broadcast shape)`` logits.
     """
@@ -117,12 +120,13 @@ def gaussian_full_logits(centers: Tensor, spread_matrix: Tensor, height: int, wi
 def learned_offset_tables(
     row_embedding: Tensor, col_embedding: Tensor, weight: Tensor
 ) -> tuple[Tensor, Tensor]:
-    """Learned relative score per head and offset: ``w_hᵀ r_row(δ1)`` and ``w_hᵀ r_col(δ2)``.
+    r"""Learned relative score per head and offset: $w_h^\top r^\text{row}_{\delta_1}$ and
+    $w_h^\top r^\text{col}_{\delta_2}$.
 
     Args:
         row_embedding: ``(2M−1, d_row)`` one vector per row offset ``−(M−1)..M−1``.
         col_embedding: ``(2M−1, d_col)`` one vector per column offset.
-        weight: ``(heads, d_row + d_col)`` the per-head vectors ``w_h``.
+        weight: ``(heads, d_row + d_col)`` the per-head vectors $w_h$.
     Returns:
         ``row (heads, 2M−1)`` and ``col (heads, 2M−1)``; index ``M−1`` is offset 0.
     """
@@ -133,8 +137,9 @@ def learned_offset_tables(
 def learned_factors(
     row_embedding: Tensor, col_embedding: Tensor, weight: Tensor, height: int, width: int
 ) -> tuple[Tensor, Tensor]:
-    """Row ``(heads, H, H)`` and column ``(heads, W, W)`` logits of the learned relative score
-    ``w_hᵀ [r_row(δ1); r_col(δ2)]`` (arguments as in :func:`learned_offset_tables`)."""
+    r"""Row ``(heads, H, H)`` and column ``(heads, W, W)`` logits of the learned relative score
+    $w_h^\top [r^\text{row}_{\delta_1}; r^\text{col}_{\delta_2}]$ (arguments as in
+    :func:`learned_offset_tables`)."""
     row_table, col_table = learned_offset_tables(row_embedding, col_embedding, weight)
     return _gather_offsets(row_table, height), _gather_offsets(col_table, width)
 
@@ -154,10 +159,11 @@ def _gather_offsets(table: Tensor, n: int) -> Tensor:
 def content_positional_factors(
     query: Tensor, row_embedding: Tensor, col_embedding: Tensor, height: int, width: int
 ) -> tuple[Tensor, Tensor]:
-    """Content × position terms per query pixel and key row / key column, not yet scaled.
+    r"""Content × position terms per query pixel and key row / key column, not yet scaled.
 
-    ``row[b, h, q, k1] = q_h[:d_row] · r_row(k1 − q1)`` and ``col[b, h, q, k2] =
-    q_h[d_row:] · r_col(k2 − q2)``; the logit of key ``(k1, k2)`` is ``(row + col) / √d``.
+    ``row[b, h, q, k1] = q_h[:d_row] · r_row(k1 − q1)`` and
+    ``col[b, h, q, k2] = q_h[d_row:] · r_col(k2 − q2)``; the logit of key ``(k1, k2)`` is
+    $(\text{row} + \text{col}) / \sqrt d$.
 
     Args:
         query: ``(B, heads, H·W, d)`` query vectors with ``d = d_row + d_col``.
@@ -190,7 +196,7 @@ def content_positional_factors(
 def content_positional_logits(
     query: Tensor, row_embedding: Tensor, col_embedding: Tensor, height: int, width: int
 ) -> Tensor:
-    """Logits ``q_hᵀ r_δ / √d`` (content × position) for every query and key pixel.
+    r"""Logits $q_h^\top r_\delta / \sqrt d$ (content × position) for every query and key pixel.
 
     Args: as :func:`content_positional_factors`.
     Returns:

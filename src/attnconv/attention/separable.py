@@ -1,9 +1,12 @@
-"""Separable position-only attention fused with the output projection, one head at a time.
+r"""Separable position-only attention fused with the output projection, one head at a time.
 
-For position-only scores that factor as ``P^h = R^h ⊗ C^h``, with every head attending over the
-same values (the raw input: the paper's model, which has no value projection), the layer computes
+For position-only scores that factor as $P^h = R^h \otimes C^h$, with every head attending over the
+same values (the raw input: the paper's model, which has no value projection), the layer computes,
+with $W_h$ the head's block of ``out``,
 
-    y[b, q] = bias + Σ_h W_h · Σ_k P^h[q, k] x[b, k]        (W_h: the head's block of ``out``)
+$$
+y_{b,q} = \text{bias} + \sum_h W_h \sum_k P^h_{q,k} \, x_{b,k}.
+$$
 
 The plain autograd route builds the attended values of all heads, ``(B, heads, H, W, d)``, permutes
 them next to each other for one ``Linear(heads·d → out)`` and keeps them for the backward pass: a
@@ -168,7 +171,8 @@ def _autocast_dtype(device_type: str) -> torch.dtype | None:
 def separable_attention_project(
     values: Tensor, row: Tensor, col: Tensor, weight: Tensor, bias: Tensor | None
 ) -> Tensor:
-    """``Σ_h (R^h ⊗ C^h) x W_hᵀ + bias`` for every image, without a per-head activation tensor.
+    r"""$\sum_h (R^h \otimes C^h) \, x W_h^\top + \text{bias}$ for every image, without a per-head
+    activation tensor.
 
     Args:
         values: ``(B, H, W, d)``, attended over by every head.

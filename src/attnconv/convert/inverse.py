@@ -1,12 +1,13 @@
-"""The other direction: the convolution a position-only attention layer computes.
+r"""The other direction: the convolution a position-only attention layer computes.
 
-A position-only layer's logits depend on the offset ``δ = k − q`` only, so away from the image
-border its probabilities are a fixed kernel ``K^h(δ)`` (the softmax over all offsets) and the layer
-is the convolution ``Σ_h M_h K^h`` with ``M_h = W^h_out W^h_val`` ``(Dout, Din)`` (``W_val = I``
-when the heads read the raw input). Near the border the softmax renormalises over the pixels inside
-the image: where a head loses kernel mass ``m^h_q`` past the border its probabilities are
-``K^h / (1 − m^h_q)`` instead of ``K^h``. :func:`border_mass` returns ``m``; pixels where it is
-zero for every head are where the layer equals the convolution exactly.
+A position-only layer's logits depend on the offset $\delta = k - q$ only, so away from the image
+border its probabilities are a fixed kernel $K^h(\delta)$ (the softmax over all offsets) and the
+layer is the convolution $\sum_h M_h K^h$ with $M_h = W^h_\text{out} W^h_\text{val}$ ``(Dout, Din)``
+($W_\text{val} = I$ when the heads read the raw input). Near the border the softmax renormalises
+over the pixels inside the
+image: where a head loses kernel mass $m^h_q$ past the border its probabilities are
+$K^h / (1 - m^h_q)$ instead of $K^h$. :func:`border_mass` returns ``m``; pixels where it is zero for
+every head are where the layer equals the convolution exactly.
 
 Offsets cover ``−(H−1)..(H−1)`` by ``−(W−1)..(W−1)``: every offset an ``H×W`` image has. Kernels
 are centred: offset ``(0, 0)`` sits at index ``(kh // 2, kw // 2)``, so
@@ -98,11 +99,11 @@ def attention_to_conv(
 
 
 def border_mass(layer: MultiHeadSelfAttention2d, height: int, width: int) -> Tensor:
-    """Kernel mass each head loses past the image border, per query pixel: ``(heads, H, W)``.
+    r"""Kernel mass each head loses past the image border, per query pixel: ``(heads, H, W)``.
 
-    ``m[h, q] = Σ_{q+δ outside the image} K^h(δ)``: 0 where the head's whole kernel lies inside
-    the image (there the layer is the convolution), 1 where none of it does. Where ``m < 1`` the
-    layer's head ``h`` is the convolution with ``K^h`` divided by ``1 − m[h, q]``.
+    $m^h_q = \sum_{q + \delta \text{ outside the image}} K^h(\delta)$: 0 where the head's whole
+    kernel lies inside the image (there the layer is the convolution), 1 where none of it does.
+    Where $m^h_q < 1$ the layer's head $h$ is the convolution with $K^h$ divided by $1 - m^h_q$.
     """
     probs = offset_probabilities(layer, height, width)  # (heads, 2H−1, 2W−1)
     outside = torch.ones(

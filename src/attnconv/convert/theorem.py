@@ -1,28 +1,30 @@
-"""Theorem 1 as code: a convolution computed exactly by multi-head self-attention.
+r"""Theorem 1 as code: a convolution computed exactly by multi-head self-attention.
 
-Construction (docs/theory.md §2). A convolution with a ``Kh×Kw`` kernel becomes a
-:class:`~attnconv.MultiHeadSelfAttention2d` with one head per kernel tap ``(i, j)``:
+Construction ([the mathematics, §2][2-theorem-1-attention-can-be-any-convolution]). A convolution
+with a $K_h \times K_w$ kernel becomes a :class:`~attnconv.MultiHeadSelfAttention2d` with one head
+per kernel tap ``(i, j)``:
 
-* **Padding.** The input is padded exactly as the convolution pads it (zeros, circular
-  wrap-around, reflection or replication; ``padding="same"`` pads ``⌊d(K−1)/2⌋`` before and the
-  rest after, as PyTorch does), so a query near the border attends a padding token exactly where
-  the convolution reads one. ``dynamic_same=True`` pads as TensorFlow's ``"SAME"`` does for each
-  input size (the convolution subclasses of TensorFlow ports that pad in ``forward``).
-* **Positions.** On the padded image the convolution's output pixel ``(r, c)`` reads tap ``(i, j)``
-  at ``(r·stride + i·dilation, c·stride + j·dilation)``. The attention query for that output is the
-  pixel ``(r·stride + a, c·stride + b)`` with ``a = ⌊(Kh−1)/2⌋·dilation`` (``b`` likewise, the
-  kernel's centre tap), and head ``(i, j)`` has the quadratic score centred on
-  ``Δ = (i·dilation − a, j·dilation − b)``, integers. With ``hard=True`` (the ``s → ∞`` limit) its
-  attention is one-hot on ``q + Δ``; with a finite spread ``s`` it is a Gaussian of inverse std
-  ``s`` around it, and the construction converges to the convolution as ``s`` grows.
+* **Padding.** The input is padded exactly as the convolution pads it (zeros, circular wrap-around,
+  reflection or replication; ``padding="same"`` pads $\lfloor d(K-1)/2 \rfloor$ before and the rest
+  after, as PyTorch does), so a query near the border attends a padding token exactly where the
+  convolution reads one. ``dynamic_same=True`` pads as TensorFlow's ``"SAME"`` does for each input
+  size (the convolution subclasses of TensorFlow ports that pad in ``forward``).
+* **Positions.** On the padded image the convolution's output pixel $(r, c)$ reads tap $(i, j)$ at
+  $(rt + i\ell, ct + j\ell)$, for stride $t$ and dilation $\ell$. The attention query for that
+  output is the pixel $(rt + a, ct + b)$ with $a = \lfloor (K_h - 1)/2 \rfloor \ell$ ($b$ likewise,
+  the kernel's centre tap), and head $(i, j)$ has the quadratic score centred on
+  $\Delta = (i\ell - a, j\ell - b)$, integers. With ``hard=True`` (the $s \to \infty$ limit) its
+  attention is one-hot on $q + \Delta$; with a finite spread $s$ it is a Gaussian of inverse std $s$
+  around it, and the construction converges to the convolution as $s$ grows.
 * **Weights.** Each head attends over the raw input (``head_dim = in_channels``, no value
   projection) and the output projection holds the taps: the block of ``out.weight`` for head
-  ``(i, j)`` is ``W_conv[:, :, i, j]`` (block-diagonal over groups), ``out.bias`` is the conv bias.
-  This is the cheaper of the two factorisations ``W_val W_out`` allows: with a value projection
-  to ``heads·Cout`` channels, ``out`` (the sum over heads) still costs ``K²·Cout·Cout``
-  multiply-adds per pixel on top of the same ``K²·Cin·Cout`` of the value projection. It is
-  also uniform: ``head_dim = dim`` always means no value projection, whereas ``head_dim = Cout``
-  would lose its value projection (the layer has none when ``head_dim == dim``) if Cin == Cout.
+  ``(i, j)`` is $W_\text{conv}[:, :, i, j]$ (block-diagonal over groups), ``out.bias`` is the conv
+  bias. This is the cheaper of the two factorisations $W_\text{val} W_\text{out}$ allows: with a
+  value projection to $K^2 C_\text{out}$ channels, ``out`` (the sum over heads) still costs
+  $K^2 C_\text{out}^2$ multiply-adds per pixel on top of the same $K^2 C_\text{in} C_\text{out}$ of
+  the value projection. It is also uniform: ``head_dim = dim`` always means no value projection,
+  whereas ``head_dim = Cout`` would lose its value projection (the layer has none when
+  ``head_dim == dim``) if Cin == Cout.
 * **Output.** The attention output is taken at the query pixels above (every ``stride``-th one).
 
 The kernel is stored once, as the module's own ``weight`` (the convolution's
@@ -97,7 +99,9 @@ class KernelToOutWeight(nn.Module):
 
 
 class Standardize(nn.Module):
-    """Weight standardisation: ``kernel (Cout, …) → (kernel − mean) / sqrt(var + eps)``.
+    r"""Weight standardisation:
+    $W \mapsto (W - \operatorname{mean} W) / \sqrt{\operatorname{var} W + \varepsilon}$ for a kernel
+    $W$ ``(Cout, …)``, $\varepsilon$ = ``eps``.
 
     Mean and (biased) variance are taken per output channel, over all its input channels and taps,
     as the weight-standardised convolutions of BiT-style networks compute them (NFNet also scales
@@ -121,11 +125,13 @@ class Standardize(nn.Module):
 
 
 class ScaledStandardize(Standardize):
-    """Scaled weight standardisation (NFNet): :class:`Standardize`, then each output channel times
-    ``gain · scale``: ``kernel (Cout, …) → (kernel − mean) / sqrt(var + eps) · gain · scale``.
+    r"""Scaled weight standardisation (NFNet): :class:`Standardize`, then each output channel times
+    $g \cdot c$:
+    $W \mapsto (W - \operatorname{mean} W) / \sqrt{\operatorname{var} W + \varepsilon} \cdot g \cdot c$.
 
-    ``gain``: a trainable ``(Cout, 1, …)`` parameter of this module; ``scale``: a constant
-    (timm's ``ScaledStdConv2d``: ``gamma · fan_in^−½``, ``fan_in = Cin/groups · Kh · Kw``).
+    $g$ = ``gain``: a trainable ``(Cout, 1, …)`` parameter of this module; $c$ = ``scale``: a
+    constant (timm's ``ScaledStdConv2d``: $\gamma \cdot \text{fan\_in}^{-1/2}$,
+    $\text{fan\_in} = C_\text{in} / \text{groups} \cdot K_h K_w$).
     """
 
     def __init__(self, gain: Tensor, scale: float, eps: float = 1e-6) -> None:
@@ -479,16 +485,16 @@ def _fill_attention_keys(module: AttentionConv, state_dict: dict, prefix: str, *
 
 
 def conv_to_attention(conv: nn.Conv1d | nn.Conv2d, spread: float | None = None) -> AttentionConv:
-    """Turn a convolution into multi-head self-attention that computes the same function.
+    r"""Turn a convolution into multi-head self-attention that computes the same function.
 
     Args:
         conv: an ``nn.Conv2d`` or ``nn.Conv1d``: any kernel size, stride, dilation, padding (ints,
             ``"same"``, ``"valid"``), ``padding_mode`` (zeros, circular, reflect, replicate), bias
             or none, any ``groups`` (depthwise included). Its class's own ``forward`` is assumed;
             :func:`~attnconv.convert.convert_model` checks it.
-        spread: ``None`` for hard attention (the exact ``s → ∞`` limit), or a finite inverse
-            standard deviation ``s`` (in 1/pixels) shared by all heads; the error against the
-            convolution falls like ``exp(−s²/2)``.
+        spread: ``None`` for hard attention (the exact $s \to \infty$ limit), or a finite inverse
+            standard deviation $s$ (in 1/pixels) shared by all heads; the error against the
+            convolution falls like $\exp(-s^2/2)$.
     Returns:
         An :class:`AttentionConv` with the convolution's layout, on its device and dtype; its
         kernel and bias are copies of the convolution's (trainable, the parameters of the attention).

@@ -26,34 +26,39 @@ from attnconv.models.normalize import Normalize, check_images, space_to_depth
 LAYER_NORM_EPS = 1e-12
 POSITIONAL = (*POSITIONAL_SCORES, None)
 WEIGHT_INITS: tuple[str, ...] = ("original", "bert", "fan_in")
-"""How an :class:`ImageTransformer` starts (docs/theory.md §4, "Initialisation"):
+r"""How an :class:`ImageTransformer` starts
+([the mathematics, §4, "Initialisation"][initialisation]):
 
 * ``"original"``: as the paper's code ran (its image model never applies BERT's initialisation):
-  PyTorch's defaults, every ``Linear`` weight and bias ``U(±1/√fan_in)``, learned tables
-  ``N(0, 1)``, their head keys ``U(±1/√fan_in)`` per axis;
-* ``"bert"``: BERT's, every ``Linear`` weight ``N(0, 0.02²)`` with zero biases, learned tables
-  ``N(0, 0.02²)``;
-* ``"fan_in"``: every ``Linear`` weight ``N(0, 1/fan_in)`` with zero biases, learned tables as
-  ``"bert"`` (attnconv's earlier choice for its small presets).
+  PyTorch's defaults, every ``Linear`` weight and bias $\mathcal U(\pm 1/\sqrt{\text{fan\_in}})$,
+  learned tables $\mathcal N(0, 1)$, their head keys $\mathcal U(\pm 1/\sqrt{\text{fan\_in}})$ per
+  axis;
+* ``"bert"``: BERT's, every ``Linear`` weight $\mathcal N(0, 0.02^2)$ with zero biases, learned
+  tables $\mathcal N(0, 0.02^2)$;
+* ``"fan_in"``: every ``Linear`` weight $\mathcal N(0, 1/\text{fan\_in})$ with zero biases, learned
+  tables as ``"bert"`` (attnconv's earlier choice for its small presets).
 
 ``ImageTransformer(positional_init=…)`` draws the learned tables another way than ``weight_init``
 implies (:data:`POSITIONAL_INITS`): ``weight_init="fan_in", positional_init="original"`` starts the
-Linear layers at ``N(0, 1/fan_in)`` and the tables and head keys as the paper's code did.
+Linear layers at $\mathcal N(0, 1/\text{fan\_in})$ and the tables and head keys as the paper's code
+did.
 
 Gaussian centres and spreads start as the paper says under all three; LayerNorms at scale 1,
 shift 0."""
 POSITIONAL_INITS: tuple[str, ...] = ("original", "bert", "grid")
-"""How the positional scores start: the learned tables and head keys ``"original"`` (``N(0, 1)``
-tables, keys ``U(±1/√fan_in)``) or ``"bert"`` (``N(0, 0.02²)``); the Gaussian heads at the paper's
-random centres under both, or ``"grid"``: on the taps of a ``K×K`` kernel, ``K² = heads``, as
-Theorem 1 builds a convolution (``attnconv.attention.positional.grid_centers``); see
+r"""How the positional scores start: the learned tables and head keys ``"original"``
+($\mathcal N(0, 1)$ tables, keys $\mathcal U(\pm 1/\sqrt{\text{fan\_in}})$) or ``"bert"``
+($\mathcal N(0, 0.02^2)$); the Gaussian heads at the paper's random centres under both, or
+``"grid"``: on the taps of a $K \times K$ kernel, $K^2$ = ``heads``, as Theorem 1 builds a
+convolution (``attnconv.attention.positional.grid_centers``); see
 :class:`attnconv.MultiHeadSelfAttention2d`."""
 _POSITIONAL_INIT = {"original": "original", "bert": "bert", "fan_in": "bert"}
 
 
 def upgrade_arguments(arguments: Mapping[str, Any]) -> dict[str, Any]:
-    """Constructor arguments saved by an earlier attnconv, in today's terms: ``init_std`` (a
-    float: BERT's normal initialisation, ``None``: ``N(0, 1/fan_in)``) becomes ``weight_init``.
+    r"""Constructor arguments saved by an earlier attnconv, in today's terms: ``init_std`` (a
+    float: BERT's normal initialisation, ``None``: $\mathcal N(0, 1/\text{fan\_in})$) becomes
+    ``weight_init``.
     Only the start of training depended on it; saved weights load the same."""
     arguments = dict(arguments)
     if "init_std" in arguments:
@@ -114,7 +119,7 @@ class TransformerBlock(nn.Module):
 
 
 class ImageTransformer(nn.Module):
-    """Transformer classifier over pixels (Cordonnier et al., 2020, §4).
+    r"""Transformer classifier over pixels (Cordonnier et al., 2020, §4).
 
     Args:
         num_classes: number of output logits.
@@ -134,14 +139,14 @@ class ImageTransformer(nn.Module):
             grid for ``"learned"``.
         dropout: dropout after the attention dense and after the feed-forward.
         attention_dropout: dropout on the attention probabilities.
-        weight_init: how the weights start, one of :data:`WEIGHT_INITS`: ``"original"`` (the
-            paper's code: PyTorch's defaults, learned tables ``N(0, 1)``), ``"bert"``
-            (``N(0, 0.02²)``) or ``"fan_in"`` (``N(0, 1/fan_in)``).
-        positional_init: how the positional scores start, one of :data:`POSITIONAL_INITS`;
-            ``None`` (default) follows ``weight_init`` (``"original"`` for ``"original"``,
-            ``"bert"`` for the other two), which only the learned encoding's tables and keys
-            depend on. ``"grid"`` (Gaussian encodings only) starts every layer's heads on the
-            taps of a ``K×K`` kernel (``K² = heads``), Theorem 1's construction as a start.
+        weight_init: how the weights start, one of :data:`WEIGHT_INITS`: ``"original"`` (the paper's
+            code: PyTorch's defaults, learned tables $\mathcal N(0, 1)$), ``"bert"``
+            ($\mathcal N(0, 0.02^2)$) or ``"fan_in"`` ($\mathcal N(0, 1/\text{fan\_in})$).
+        positional_init: how the positional scores start, one of :data:`POSITIONAL_INITS`; ``None``
+            (default) follows ``weight_init`` (``"original"`` for ``"original"``, ``"bert"`` for the
+            other two), which only the learned encoding's tables and keys depend on. ``"grid"``
+            (Gaussian encodings only) starts every layer's heads on the taps of a $K \times K$
+            kernel ($K^2$ = ``heads``), Theorem 1's construction as a start.
     """
 
     def __init__(

@@ -46,30 +46,29 @@ class TrainConfig:
     """Everything that defines a training run (saved in every checkpoint, and as
     ``RUN_DIR/config.json`` for people to read).
 
-    The defaults are the paper's recipe (docs/theory.md §4); a preset's ``recipe`` lists its
-    departures from them. ``optimizer``: ``"sgd"`` (the paper's: SGD with ``momentum``) or
-    ``"adamw"`` (AdamW with β = (``momentum``, 0.999) and decoupled ``weight_decay``: the recipe
-    vision transformers without a convolutional bias are trained with). Units: ``lr`` per
-    optimizer step; ``epochs``, ``milestones`` and
-    ``checkpoint_every`` in epochs; ``checkpoint_steps`` in optimizer steps (mid-epoch saves of
-    ``last.pt``; 0: off); ``milestones``: the epochs after which ``schedule="step"`` divides the
-    rate by 10 (only for that schedule); ``pad``: the random-crop padding in pixels, ``None`` for
-    ``⌈H / 8⌉`` (4 for CIFAR's 32×32 as in the paper, 1 for the 8×8 digits; no crop on a dataset
-    whose loader places its images, ``fashion-mnist-anywhere``); ``val_size`` a count
-    of images (int) or a fraction of the training set (float), ``None`` for the dataset's default;
-    ``grad_clip`` the largest gradient norm (``None``: no clipping); ``attention_lr_scale`` the
-    factor on the learning rate of the parameters a transform adds to a network (head geometry,
-    content gates, queries and keys: the model's ``transform_parameters()``; models without them
-    ignore it), which start where the CNN left them no gradient to speak of; ``decay_exempt`` which
-    parameters train without weight decay (``attnconv.models.decay``: ``"original"``, the paper's
-    code, exempts only the Gaussian centres and spreads; configs saved before this setting
-    existed resume with ``"norms-biases-positional"``, the rule they ran with); ``progress``: a progress bar
-    on stderr when it is a terminal, elsewhere (a log file, a pipe, a notebook) a line every
-    ``train(log_interval=...)`` steps; false: neither, only the line per epoch;
-    ``precision`` ``auto`` (bfloat16 autocast where the device computes in bfloat16 natively, else
-    float32; see ``attnconv.hardware``), ``fp32`` or ``bf16``. A run replaces ``auto`` by the
-    precision it resolved to before saving the config, so a resumed run keeps the arithmetic it
-    started with.
+    The defaults are the paper's recipe ([the mathematics, §4][4-the-image-transformer]); a preset's
+    ``recipe`` lists its departures from them. ``optimizer``: ``"sgd"`` (the paper's: SGD with
+    ``momentum``) or ``"adamw"`` (AdamW with β = (``momentum``, 0.999) and decoupled
+    ``weight_decay``: the recipe vision transformers without a convolutional bias are trained with).
+    Units: ``lr`` per optimizer step; ``epochs``, ``milestones`` and ``checkpoint_every`` in epochs;
+    ``checkpoint_steps`` in optimizer steps (mid-epoch saves of ``last.pt``; 0: off);
+    ``milestones``: the epochs after which ``schedule="step"`` divides the rate by 10 (only for that
+    schedule); ``pad``: the random-crop padding in pixels, ``None`` for ``⌈H / 8⌉`` (4 for CIFAR's
+    32×32 as in the paper, 1 for the 8×8 digits; no crop on a dataset whose loader places its
+    images, ``fashion-mnist-anywhere``); ``val_size`` a count of images (int) or a fraction of the
+    training set (float), ``None`` for the dataset's default; ``grad_clip`` the largest gradient
+    norm (``None``: no clipping); ``attention_lr_scale`` the factor on the learning rate of the
+    parameters a transform adds to a network (head geometry, content gates, queries and keys: the
+    model's ``transform_parameters()``; models without them ignore it), which start where the CNN
+    left them no gradient to speak of; ``decay_exempt`` which parameters train without weight decay
+    (``attnconv.models.decay``: ``"original"``, the paper's code, exempts only the Gaussian centres
+    and spreads; configs saved before this setting existed resume with
+    ``"norms-biases-positional"``, the rule they ran with); ``progress``: a progress bar on stderr
+    when it is a terminal, elsewhere (a log file, a pipe, a notebook) a line every
+    ``train(log_interval=...)`` steps; false: neither, only the line per epoch; ``precision``
+    ``auto`` (bfloat16 autocast where the device computes in bfloat16 natively, else float32; see
+    ``attnconv.hardware``), ``fp32`` or ``bf16``. A run replaces ``auto`` by the precision it
+    resolved to before saving the config, so a resumed run keeps the arithmetic it started with.
     """
 
     preset: str

@@ -1,15 +1,17 @@
-"""Learning-rate schedules, stepped every iteration, as pure functions of the step index.
+r"""Learning-rate schedules, stepped every iteration, as pure functions of the step index.
 
-Step ``s`` (0-based) is the ``s``-th optimizer update; ``lr(s)`` is the rate that update uses.
-With ``T`` total steps and ``W = ⌈warmup_fraction · T⌉`` warm-up steps:
+Step $s$ (0-based) is the $s$-th optimizer update; $\text{lr}(s)$ is the rate that update uses. With
+$T$ total steps and $W = \lceil \text{warmup\_fraction} \cdot T \rceil$ warm-up steps:
 
-* warm-up (both schedules): ``lr(s) = base · (s + 1) / W`` for ``s < W``, so the very first
-  update already has a positive rate (no zero-rate epoch);
-* ``cosine``: ``lr(s) = base · ½ (1 + cos(π (s − W) / (T − W)))`` for ``s ≥ W``: the full rate at
-  the end of the warm-up, decaying to (nearly, never exactly) zero at the last step;
-* ``step``: ``lr(s) = base · 0.1^k`` with ``k`` the number of milestones ``m`` (in epochs) such
-  that the update's epoch ``⌊s / steps_per_epoch⌋ ≥ m`` (the rate drops at the start of epoch
-  ``m + 1``, 1-based), times the warm-up ramp if any.
+* warm-up (both schedules): $\text{lr}(s) = \text{base} \cdot (s + 1) / W$ for $s < W$, so the very
+  first update already has a positive rate (no zero-rate epoch);
+* ``cosine``:
+  $\text{lr}(s) = \text{base} \cdot \frac12 \left(1 + \cos \frac{\pi (s - W)}{T - W}\right)$ for
+  $s \ge W$: the full rate at the end of the warm-up, decaying to (nearly, never exactly) zero at
+  the last step;
+* ``step``: $\text{lr}(s) = \text{base} \cdot 0.1^k$ with $k$ the number of milestones $m$ (in
+  epochs) such that the update's epoch $\lfloor s / \text{steps\_per\_epoch} \rfloor \ge m$ (the
+  rate drops at the start of epoch $m + 1$, 1-based), times the warm-up ramp if any.
 
 Being a function of the step alone, the schedule resumes exactly from a checkpoint's step count.
 """

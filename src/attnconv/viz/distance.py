@@ -1,9 +1,9 @@
-"""Attention distance: how far from the query a head looks (the locality measure of ConViT).
+r"""Attention distance: how far from the query a head looks (the locality measure of ConViT).
 
-For a head with probabilities ``P[q, k]`` the distance of query ``q`` is ``Σ_k P[q, k] ‖k − q‖``
-(Euclidean, in tokens of the grid the layer sees); a head's attention distance is its mean over
-all queries. A convolution-like head attending to the token at offset ``Δ`` has distance ``‖Δ‖``
-away from the borders.
+For a head with probabilities $P_{q,k}$ the distance of query $q$ is
+$\sum_k P_{q,k} \lVert k - q \rVert$ (Euclidean, in tokens of the grid the layer sees); a head's
+attention distance is its mean over all queries. A convolution-like head attending to the token at
+offset $\Delta$ has distance $\lVert \Delta \rVert$ away from the borders.
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ from attnconv.viz.style import new_figure, palette_color
 
 
 def pairwise_distances(grid: tuple[int, int], dtype: torch.dtype = torch.float64) -> Tensor:
-    """``(N, N)`` Euclidean distances ``‖k − q‖`` between the tokens of ``grid = (h, w)``."""
+    r"""``(N, N)`` Euclidean distances $\lVert k - q \rVert$ between the tokens of
+    ``grid = (h, w)``."""
     h, w = grid
     rows = torch.arange(h, dtype=dtype).repeat_interleave(w)
     cols = torch.arange(w, dtype=dtype).repeat(h)

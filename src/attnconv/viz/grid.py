@@ -1,21 +1,22 @@
-"""Grid score: how close the heads of one layer come to the taps of a K×K convolution.
+r"""Grid score: how close the heads of one layer come to the taps of a K×K convolution.
 
-Theorem 1 builds a ``K×K`` convolution from ``K²`` heads, each attending with all its mass to one
-tap offset ``δ ∈ {−r, …, r}²`` (``r = ⌊K/2⌋``) around the query. The paper's claim is that trained
-heads settle into such a grid by themselves. For a layer with probabilities ``P^h[q, k]`` on an
-``h × w`` token grid (docs/grid-score.md says more):
+Theorem 1 builds a $K \times K$ convolution from $K^2$ heads, each attending with all its mass to
+one tap offset $\delta \in \{-r, \dots, r\}^2$ ($r = \lfloor K/2 \rfloor$) around the query. The
+paper's claim is that trained heads settle into such a grid by themselves. For a layer with
+probabilities $P^h_{q,k}$ on an ``h × w`` token grid
+([the grid score][the-grid-score-do-trained-heads-become-a-convolution] says more):
 
-* ``m_h(δ)`` is head ``h``'s *tap mass*: the attention it puts on the token at offset ``δ`` from
-  the query, averaged over the interior queries (those whose whole ``K×K`` window lies inside the
-  grid, so every tap exists);
-* the **grid score** is ``max_σ (1/K²) Σ_δ m_{σ(δ)}(δ)`` over one-to-one assignments ``σ`` of
-  taps to heads (the Hungarian algorithm): 1 exactly when ``K²`` of the heads are the theorem's
-  construction (each a one-hot on its own tap), about ``1/N`` for heads that attend uniformly,
-  and ``1/K²`` when every head looks at the same tap;
-* the **coverage** is the fraction of the ``K²`` taps on which some head puts at least half of
-  its mass (``COVERED_MASS``): how many taps have a dedicated head.
+* $m_h(\delta)$ is head $h$'s *tap mass*: the attention it puts on the token at offset $\delta$ from
+  the query, averaged over the interior queries (those whose whole $K \times K$ window lies inside
+  the grid, so every tap exists);
+* the **grid score** is $\max_\sigma \frac{1}{K^2} \sum_\delta m_{\sigma(\delta)}(\delta)$ over
+  one-to-one assignments $\sigma$ of taps to heads (the Hungarian algorithm): 1 exactly when $K^2$
+  of the heads are the theorem's construction (each a one-hot on its own tap), about $1/N$ for heads
+  that attend uniformly, and $1/K^2$ when every head looks at the same tap;
+* the **coverage** is the fraction of the $K^2$ taps on which some head puts at least half of its
+  mass (``COVERED_MASS``): how many taps have a dedicated head.
 
-``K`` defaults to the largest odd kernel with ``K² ≤ heads`` (3 for the paper's 9 heads).
+$K$ defaults to the largest odd kernel with $K^2 \le$ ``heads`` (3 for the paper's 9 heads).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ class GridScore:
     Attributes:
         kernel_size: ``K``.
         score: in ``[0, 1]``, see the module docstring.
-        coverage: fraction of the ``K²`` taps some head puts at least ``COVERED_MASS`` on.
+        coverage: fraction of the $K^2$ taps some head puts at least ``COVERED_MASS`` on.
         tap_mass: ``(heads, K, K)`` mean attention of each head on each tap offset.
         assignment: for each tap in row-major order (offsets ``(−r, −r)`` … ``(r, r)``), the head
             the best assignment gives it.
@@ -54,16 +55,16 @@ class GridScore:
 
 
 def default_kernel_size(heads: int) -> int:
-    """The largest odd ``K`` with ``K² ≤ heads`` (at least 1)."""
+    r"""The largest odd $K$ with $K^2 \le$ ``heads`` (at least 1)."""
     k = max(1, math.isqrt(heads))
     return k if k % 2 else k - 1
 
 
 def tap_mass(probs: Tensor, grid: tuple[int, int], kernel_size: int) -> Tensor:
-    """``(heads, K, K)``: each head's attention on each tap offset, averaged over interior queries.
+    r"""``(heads, K, K)``: each head's attention on each tap offset, averaged over interior queries.
 
-    ``probs`` is ``(heads, N, N)`` on the ``grid = (h, w)`` tokens (rows are queries); the grid
-    must be at least ``K×K``.
+    ``probs`` is ``(heads, N, N)`` on the ``grid = (h, w)`` tokens (rows are queries); the grid must
+    be at least $K \times K$.
     """
     h, w = grid
     n = h * w
@@ -93,10 +94,11 @@ def tap_mass(probs: Tensor, grid: tuple[int, int], kernel_size: int) -> Tensor:
 
 
 def assign_taps(mass: Tensor) -> tuple[float, float, tuple[int, ...]]:
-    """``(score, coverage, assignment)`` of a tap mass ``(heads, taps)`` (each head's attention on
-    each tap): the best one-to-one assignment of taps to heads (the Hungarian algorithm), its
-    score ``(1/taps) Σ_t m_{σ(t)}(t)`` (a tap without a head counts as zero), the fraction of taps
-    some head puts at least ``COVERED_MASS`` on, and the head of each tap (``-1``: none)."""
+    r"""``(score, coverage, assignment)`` of a tap mass ``(heads, taps)`` (each head's attention on
+    each tap): the best one-to-one assignment of taps to heads (the Hungarian algorithm), its score
+    $\frac{1}{T} \sum_t m_{\sigma(t)}(t)$ over the $T$ taps (a tap without a head counts as zero),
+    the fraction of taps some head puts at least ``COVERED_MASS`` on, and the head of each tap
+    (``-1``: none)."""
     taps = mass.double().cpu().numpy()
     head_index, tap_index = linear_sum_assignment(taps, maximize=True)
     assignment = np.full(taps.shape[1], -1, dtype=int)
