@@ -147,7 +147,9 @@ def test_convit_summary_and_tables(tmp_path, capsys):
     )
     assert "class token excluded (rows renormalised over the patches)" in lines[2]
     assert "to class/register tokens" in lines[4]
-    assert len(lines) == 5 + 12 + 1 and lines[-1] == f"wrote 10 files to {tmp_path}"
+    assert len(lines) == 5 + 12 + 1 and lines[-1] == f"wrote 16 files to {tmp_path}"
+    for figure in ("rollout", "class_token", "class_token_average"):  # it has a class token
+        assert (tmp_path / f"{figure}.png").is_file() and (tmp_path / f"{figure}.pdf").is_file()
     rows = read_csv(tmp_path / "heads.csv")
     assert len(rows) == 48
     # GPSA layers (0-9) have no class token; the two MHSA layers give it some attention
@@ -184,6 +186,8 @@ def test_an_attnconv_preset_has_its_head_table(tmp_path, capsys, monkeypatch):
     assert len(rows) == 18 and {"center_row", "spread", "attention_distance"} <= set(rows[0])
     assert float(rows[0]["attention_distance"]) == float(rows[0]["attention_distance_pixels"])
     assert read_data(tmp_path / "explorer" / "data.js")["models"][0]["kind"] == "position"
+    assert (tmp_path / "rollout.png").is_file()  # from the centre token: no class token
+    assert not (tmp_path / "class_token.png").exists()
 
 
 def test_a_transformed_checkpoint_gets_the_measures_of_its_transformed_layers(tmp_path, capsys):

@@ -1,6 +1,8 @@
 """Any vision transformer under attnconv's measures: attention recorded from timm and torchvision
 models (``record_attention``), attention distance in patches and pixels, grid score, maps,
-contours, ``heads.csv`` and the explorer (``analyze``, the ``attnconv analyze`` command).
+contours, attention rollout and the class token's view (``attention_rollout``,
+``class_token_attention``), ``heads.csv`` and the explorer (``analyze``, the ``attnconv analyze``
+command).
 
 Names are loaded on first use, so importing ``attnconv.analysis`` does not import matplotlib.
 """
@@ -18,6 +20,8 @@ _EXPORTS = {
     "measure_patch_attention": "measures",
     "head_rows": "measures",
     "layer_rows": "measures",
+    "attention_rollout": "rollout",
+    "class_token_attention": "rollout",
     "build_third_party": "third_party",
     "analyze_third_party": "analyze",
     "analyze_attnconv": "analyze",

@@ -8,6 +8,12 @@ folder (the ``attnconv analyze`` command).
     OUT/distance.*     attention distance against depth, one dot per head (ViT paper, Figure 7)
     OUT/maps.*, OUT/contours.*   every head's attention from the query patch on the first image;
                        OUT/maps_average.* the same averaged over all images
+    OUT/rollout.*      the attention rollout (``attnconv.analysis.rollout``) of the class token,
+                       or of the query patch for a model without one, over the first images and
+                       averaged over all of them
+    OUT/class_token.*  what the class token attends to, per layer and head, over the first image;
+                       OUT/class_token_average.* the same averaged over all images (models with a
+                       class token)
     OUT/explorer/      the interactive page of this model (``attnconv explore --add OUT`` puts it
                        beside the shipped models)
 
@@ -36,12 +42,21 @@ from attnconv.analysis.measures import (
     layer_rows,
     measure_patch_attention,
 )
+from attnconv.analysis.rollout import TokenViews, own_model_views
 from attnconv.analysis.third_party import ThirdPartyModel
 from attnconv.errors import UserError
 from attnconv.models.transformed import TransformedNetwork
 from attnconv.viz.export import PreparedModel, SiteModel, recorded_explorer_data, write_explorer
 from attnconv.viz.figures import attention_figures, is_gaussian, write_csv
-from attnconv.viz.maps import AttentionMaps, compute_attention, is_position_only
+from attnconv.viz.maps import (
+    AttentionMaps,
+    compute_attention,
+    default_query,
+    is_position_only,
+    query_index,
+)
+from attnconv.viz.rollout import class_token_figure, rollout_figure, rollout_rows
+from attnconv.viz.style import save_figure
 from attnconv.viz.transformed import layer_rows as transformed_layer_rows
 
 EXPLORER = "explorer"
@@ -96,6 +111,79 @@ def _summary(
     )
 
 
+# Images of the rollout figure drawn over their image (beside the mean over all of them).
+ROLLOUT_IMAGES = 4
+
+
+def token_view_figures(
+    views: TokenViews,
+    grid: tuple[int, int],
+    stem: int,
+    images: Tensor | None,
+    labels: list[str] | None,
+    name: str,
+    query: tuple[int, int] | None,
+    out: Path,
+) -> list[Path]:
+    """``rollout.*`` and, with a class token, ``class_token.*`` and ``class_token_average.*``
+    (module docstring) from ``views``; ``images`` ``(B, C, H, W)`` the images whose own views
+    ``views`` kept (their first ``ROLLOUT_IMAGES`` drawn under the rollout), None for a
+    position-only model (one map, the same for every image)."""
+    query = default_query(grid) if query is None else query
+    index = None if views.class_attention is not None else query_index(query, grid)
+    rows = [rollout_rows(r, views.prefix, grid, index) for r in views.rollout_images]
+    shown = min(ROLLOUT_IMAGES, len(rows))
+    if images is None:
+        maps, pictures, captions = [rows[0]], [None], ["position-only: every image"]
+    else:
+        maps = [*rows[:shown], rollout_rows(views.rollout, views.prefix, grid, index)]
+        pictures = [images[i] for i in range(shown)] + [None]
+        count = "one image" if views.count == 1 else f"mean over {views.count} images"
+        captions = [labels[i] for i in range(shown)] + [count]
+        if views.count == 1:  # the mean is the first image's own
+            maps, pictures, captions = maps[:1], pictures[:1], captions[:1]
+    if index is None:
+        shares = [f"patches: {share:.0%} of the row" for _, share in maps]
+    else:
+        shares = [f"the query keeps {float(m[query]):.0%}" for m, _ in maps]
+    captions = [f"{caption}\n{share}" for caption, share in zip(captions, shares, strict=True)]
+    if index is None:
+        source = "the class token"
+        shown_row = (
+            "its row over the patches, renormalised to sum to one (the captions give the share "
+            "the patches held)"
+        )
+    else:
+        source = f"query patch {tuple(query)}"
+        shown_row = (
+            "its row, the query outlined and left out of the colour scale (the residual keeps "
+            "much of each patch on itself)"
+        )
+    title = (
+        f"Attention rollout (Abnar & Zuidema 2020) of {source} through all layers, {name}. "
+        f"R = Â_L⋯Â_1 with Â = 0.5·(A averaged over heads) + 0.5·I, rows renormalised; "
+        f"{shown_row}. Colour: one scale for all maps."
+    )
+    fig = rollout_figure(
+        [m for m, _ in maps], pictures, captions, stem, title, None if index is None else query
+    )
+    files = save_figure(fig, out, "rollout")
+    if views.class_attention is None:
+        return files
+    figures = [("class_token", views.class_attention_images[0], images[0], labels[0])]
+    count = "one image" if views.count == 1 else f"mean over {views.count} images"
+    if views.count > 1:
+        figures.append(("class_token_average", views.class_attention, None, count))
+    for file, per_layer, image, caption in figures:
+        title = (
+            f"What the class token attends to, per layer and head, {name} ({caption}): its row "
+            "of each head's attention at the patches (not renormalised: the rest goes to the "
+            "class and other prefix tokens). Colour: one scale for all maps."
+        )
+        files += save_figure(class_token_figure(per_layer, grid, stem, image, title), out, file)
+    return files
+
+
 def analyze_third_party(
     loaded: ThirdPartyModel,
     out: str | Path,
@@ -117,13 +205,16 @@ def analyze_third_party(
     )
     _say(progress, f"recording the attention on {len(labels)} images ({origin})")
     measured = measure_patch_attention(
-        loaded.model, loaded.normalize(pixels), labels, keep=max(1, explore_images)
+        loaded.model, loaded.normalize(pixels), labels, keep=max(ROLLOUT_IMAGES, explore_images)
     )
     average = measured.average
     name = f"{loaded.name}, {'random weights' if loaded.weights == 'random' else loaded.weights}"
     _say(progress, f"drawing the figures and writing the tables into {out}")
     files, _ = attention_figures(
         measured.per_image[0], average, out, name, pixels[0], query, window
+    )
+    files += token_view_figures(
+        measured.views, average.grid, average.stem, pixels, labels, name, query, out
     )
     tables, heads, layers = _write_tables(out, average, measured.prefix_attention)
     files += tables
@@ -216,6 +307,8 @@ def analyze_attnconv(
     files, _ = attention_figures(
         single, average, out, name, None if pixels is None else pixels[0], query, window
     )
+    views = own_model_views(model, size, pixels, keep=ROLLOUT_IMAGES)
+    files += token_view_figures(views, average.grid, average.stem, pixels, labels, name, query, out)
     tables, heads, layers = _write_tables(
         out, average, None, head_table(model) if is_gaussian(model) else None
     )

@@ -25,6 +25,7 @@ import torch
 from torch import Tensor, nn
 
 from attnconv.analysis.record import Recording, record_attention
+from attnconv.analysis.rollout import TokenViews, TokenViewSums
 from attnconv.viz.distance import add_distances, layer_distances
 from attnconv.viz.grid import GridScore, default_kernel_size, grid_score
 from attnconv.viz.maps import AttentionMaps
@@ -68,12 +69,15 @@ class PatchAttention:
         prefix_attention: per layer ``(heads,)``, the mean over images and patch queries of the
             attention given to the prefix tokens.
         prefix_tokens: per layer, how many there are.
+        views: the attention rollout and the class token's view (``attnconv.analysis.rollout``),
+            of all the tokens, per image and averaged.
     """
 
     average: AttentionMaps
     per_image: list[AttentionMaps]
     prefix_attention: list[Tensor]
     prefix_tokens: list[int]
+    views: TokenViews
 
 
 @torch.no_grad()
@@ -81,15 +85,17 @@ def measure_patch_attention(
     model: nn.Module, images: Tensor, labels: Sequence[str], keep: int = 1
 ) -> PatchAttention:
     """Record ``model``'s attention on ``images`` (``(B, C, H, W)`` as the model takes them, with
-    a caption each), ``CHUNK`` images per forward, and average the patch attention; the first
-    ``keep`` images also keep their own."""
+    a caption each), ``CHUNK`` images per forward, and average the patch attention, the rollout and
+    the class token's view; the first ``keep`` images also keep their own."""
     if images.shape[0] < 1 or len(labels) != images.shape[0]:
         raise ValueError(f"need at least one image and one label each, got {len(labels)} labels")
     sums: list[Tensor] | None = None
     prefix_sums: list[Tensor] | None = None
     per_image: list[AttentionMaps] = []
+    views = TokenViewSums(keep)
     for start in range(0, images.shape[0], CHUNK):
         recording = record_attention(model, images[start : start + CHUNK])
+        views.add(recording.probs, recording.prefix_tokens, recording.class_token)
         patches, prefix_mass = patch_attention(recording)
         chunk_sums = [p.double().sum(dim=0) for p in patches]
         chunk_prefix = [m.double().sum(dim=0) for m in prefix_mass]
@@ -121,6 +127,7 @@ def measure_patch_attention(
         per_image,
         [(s / count).float() for s in prefix_sums],
         recording.prefix_tokens,
+        views.result(),
     )
 
 

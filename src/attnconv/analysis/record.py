@@ -55,6 +55,8 @@ class Recording:
         patch_size: input pixels per patch side.
         family: a key of ``FAMILIES``.
         output: what the model returned for the images.
+        class_token: whether the first prefix token is a class token (timm's ViTs without one
+            may still have register tokens).
     """
 
     probs: list[Tensor]
@@ -63,6 +65,7 @@ class Recording:
     patch_size: int
     family: str
     output: Tensor
+    class_token: bool = True
 
 
 def _library_classes(model: nn.Module) -> set[str]:
@@ -236,4 +239,5 @@ def record_attention(model: nn.Module, images: Tensor) -> Recording:
             f"recorded {len(probs)} layers whose token counts {[p.shape[-1] for p in probs]} do "
             f"not hold the {grid[0]}x{grid[1]} patch grid"
         )
-    return Recording(probs, prefix, grid, patch[0], family, output)
+    class_token = family != "timm-vit" or bool(getattr(model, "has_class_token", True))
+    return Recording(probs, prefix, grid, patch[0], family, output, class_token)

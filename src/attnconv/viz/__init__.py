@@ -3,7 +3,8 @@
 Figures (``attnconv plot``): ``contour_figure`` (probability-mass contours per head and layer),
 ``map_grid_figure`` (layer × head attention maps), ``distance_figure`` (attention distance),
 ``trajectory_figure`` (Gaussian centres over training), ``report_figure`` (accuracy of several
-runs, ``attnconv report``). Computations: ``compute_attention``, ``mass_region``,
+runs, ``attnconv report``), ``rollout_figure`` and ``class_token_figure`` (attention rollout and
+the class token's attention over the image, ``attnconv analyze``). Computations: ``compute_attention``, ``mass_region``,
 ``attention_distance``, ``uniform_distance``, ``load_center_trajectories``, ``load_run``. A
 transformed network (T-CNN, ``viz.transformed``): ``transformed_attention`` and
 ``gaussian_attention`` (each layer's attention on its own query and key grids),
@@ -47,6 +48,8 @@ _EXPORTS = {
     "transformed_contour_figure": "transformed",
     "gate_figure": "transformed",
     "transformed_distance_figure": "transformed",
+    "rollout_figure": "rollout",
+    "class_token_figure": "rollout",
     "attention_figure": "figures",
     "plot_checkpoint": "figures",
     "plot_transformed": "figures",
