@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -19,7 +20,8 @@ from attnconv.models import (
     create_model,
 )
 from attnconv.models.costs import COUNTED, fingerprint, preset_cost
-from attnconv.models.presets import preset_arguments, size_note
+from attnconv.models.presets import ANYWHERE_OF, preset_arguments, size_note
+from attnconv.models.pretrained import pretrained_models
 from attnconv.train.config import resolve_config
 
 PAPER_PRESETS = [
@@ -40,6 +42,10 @@ FASHION_PRESETS = [
 ]
 
 
+ANYWHERE_PRESETS = [
+    "quadratic-anywhere", "learned-anywhere", "learned-content-anywhere", "vit-anywhere",
+    "resnet-anywhere-small",
+]  # fmt: skip
 TRANSFORM_PRESETS = [
     "tcnn-fashion-small", "tcnn-full-fashion-small", "resnet-fashion-small-continued"
 ]  # fmt: skip
@@ -47,7 +53,8 @@ TRANSFORM_PRESETS = [
 
 def test_every_preset_is_registered():
     assert list(PRESETS) == [
-        *PAPER_PRESETS, "quick", *FASHION_PRESETS, *TRANSFORM_PRESETS, "vit-fashion"
+        *PAPER_PRESETS, "quick", *FASHION_PRESETS, *TRANSFORM_PRESETS, "vit-fashion",
+        *ANYWHERE_PRESETS,
     ]  # fmt: skip
     assert attnconv.PRESETS is PRESETS and attnconv.create_model is create_model
     for name, preset in PRESETS.items():
@@ -161,6 +168,31 @@ def test_fashion_presets_scale_the_paper_models_down_alike():
     sizes = {name: count_parameters(create_model(name)) for name in FASHION_PRESETS}
     for name in transformers:
         assert 0.8 < sizes["resnet-fashion-small"] / sizes[name] < 1.2, sizes
+
+
+def test_anywhere_presets_are_the_shipped_fashion_models_on_the_16x16_grid():
+    """Each ``*-anywhere`` preset builds what its Fashion preset's shipped weights were built
+    from (index.json: arguments of the shipped run), but for 32×32 images, their statistics and,
+    for learned tables, the 16×16 token grid; it trains with the Fashion preset's recipe."""
+    shipped = pretrained_models()
+    changed = {"image_size": [32, 32], "mean": [0.1135], "std": [0.2521]}
+    for fashion, name in ANYWHERE_OF.items():
+        preset = PRESETS[name]
+        assert name in ANYWHERE_PRESETS and preset.dataset == "fashion-mnist-anywhere"
+        assert preset.recipe == PRESETS[fashion].recipe and preset.model == PRESETS[fashion].model
+        architecture, arguments = preset_arguments(name)
+        assert architecture == shipped[fashion].architecture
+        expected = {**shipped[fashion].arguments, **changed}
+        if "max_size" in expected:
+            expected["max_size"] = 16
+        assert json.loads(json.dumps(arguments)) == expected, name
+        model = create_model(name)
+        if hasattr(model, "token_grid"):
+            assert model.token_grid(32, 32) == (16, 16)
+        assert model(torch.rand(2, 1, 32, 32)).shape == (2, 10)
+    sizes = {name: count_parameters(create_model(name)) for name in ANYWHERE_PRESETS}
+    for name in ANYWHERE_PRESETS:
+        assert 0.8 < sizes["resnet-anywhere-small"] / sizes[name] < 1.2, sizes
 
 
 def test_create_model_overrides():
@@ -409,9 +441,12 @@ def models_rows(capsys, *argv) -> dict[str, str]:
 
 
 def test_models_filters_by_pattern_and_shipped_weights(capsys):
-    assert models_rows(capsys, "*content*") == {"learned-content": "-", "learned-content-fashion": "shipped"}
+    assert models_rows(capsys, "*content*") == {
+        "learned-content": "-", "learned-content-fashion": "shipped", "learned-content-anywhere": "-"
+    }
     assert list(models_rows(capsys, "quadratic*")) == [
-        "quadratic", "quadratic-generalized", "quadratic-generalized-pruned", "quadratic-fashion"
+        "quadratic", "quadratic-generalized", "quadratic-generalized-pruned", "quadratic-fashion",
+        "quadratic-anywhere",
     ]
     assert list(models_rows(capsys, "small", "--pretrained")) == ["resnet-fashion-small", "tcnn-fashion-small"]
     assert list(models_rows(capsys, "vit-fashion")) == ["vit-fashion"]

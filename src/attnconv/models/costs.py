@@ -36,6 +36,11 @@ COUNTED: dict[str, tuple[str, int, int]] = {
     "tcnn-full-fashion-small": ("2047545596320735", 234036, 32051254),
     "resnet-fashion-small-continued": ("0c83e0f16ee12478", 222805, 9068832),
     "vit-fashion": ("b3e20f75964524b5", 230410, 86052480),
+    "quadratic-anywhere": ("48c659bb5f0e7366", 232758, 77660800),
+    "learned-anywhere": ("a6389c2e01a521f7", 242890, 77732224),
+    "learned-content-anywhere": ("9e99557362572f1e", 236938, 134301760),
+    "vit-anywhere": ("df7be817b9f7c71d", 234250, 130089600),
+    "resnet-anywhere-small": ("65e56d8e00ecd6f9", 222805, 11032272),
 }
 
 
