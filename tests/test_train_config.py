@@ -352,6 +352,50 @@ def test_repeated_milestone_divides_twice() -> None:
         [1.0, 1.0, 0.1, 0.1, 0.001, 0.001], rel=1e-12)
 
 
+def original_epoch_rule(step: int, epochs: int, steps_per_epoch: int, ratio: float, base: float):
+    """The paper code's rate (epfml/attention-cnn train.py, utils/learning_rate.py), written out:
+    ``scheduler.step(global_step)`` at each epoch's start, ``T_warmup = int(T_max · ratio)``, a
+    ramp ``step / T_warmup``, then half a cosine; the rate holds until the next epoch."""
+    t_max = epochs * steps_per_epoch
+    t_warmup = int(t_max * ratio)
+    start = (step // steps_per_epoch) * steps_per_epoch
+    if start < t_warmup:
+        return base * start / t_warmup
+    return base * 0.5 * (1 + math.cos(math.pi * (start - t_warmup) / (t_max - t_warmup)))
+
+
+def test_epoch_stepping_follows_the_original_rule_with_epoch_0_at_rate_0() -> None:
+    epochs, steps_per_epoch, ratio, base = 10, 7, 0.25, 0.1  # warm-up: int(17.5) = 17 steps
+    schedule = build_schedule("cosine", base, epochs, steps_per_epoch, ratio, stepping="epoch")
+    assert schedule.warmup_steps == 17
+    rates = [schedule(step) for step in range(epochs * steps_per_epoch)]
+    assert rates == pytest.approx(
+        [original_epoch_rule(s, epochs, steps_per_epoch, ratio, base) for s in range(70)],
+        rel=1e-12, abs=0.0,
+    )
+    by_epoch = [rates[e * steps_per_epoch : (e + 1) * steps_per_epoch] for e in range(epochs)]
+    assert all(len(set(epoch)) == 1 for epoch in by_epoch)  # one rate an epoch
+    assert by_epoch[0][0] == 0.0  # the whole first epoch at rate 0
+    assert [epoch[0] for epoch in by_epoch[1:3]] == pytest.approx([base * 7 / 17, base * 14 / 17])
+    # the per-step default ramps within the epoch and never runs at rate 0
+    per_step = build_schedule("cosine", base, epochs, steps_per_epoch, ratio)
+    assert per_step.warmup_steps == 18 and per_step(0) == pytest.approx(base / 18)
+    # at the paper's size the warm-up is 15 stairs of one epoch
+    paper = build_schedule("cosine", 0.1, 300, 450, 0.05, stepping="epoch")
+    warm = [paper(e * 450) for e in range(16)]
+    assert warm[0] == 0.0 and warm[14] == pytest.approx(0.1 * 14 / 15) and warm[15] == 0.1
+
+
+def test_epoch_stepping_is_a_named_setting_the_command_repeats() -> None:
+    config = resolve_config("quadratic", overrides=["schedule_stepping=epoch"])
+    assert config.schedule_stepping == "epoch" and resolve_config("quadratic").schedule_stepping == "step"
+    assert training_command(config) == "attnconv train --preset quadratic schedule_stepping=epoch"
+    with pytest.raises(ValueError, match="unknown schedule_stepping 'batch'; valid: step, epoch"):
+        resolve_config("quadratic", overrides=["schedule_stepping=batch"])
+    with pytest.raises(ValueError, match="stepping must be one of"):
+        LRSchedule("cosine", 0.1, 10, 5, 0, stepping="iteration")
+
+
 def test_schedule_rejects_out_of_range_steps() -> None:
     schedule = build_schedule("cosine", 0.1, 2, 5, 0.05)
     with pytest.raises(ValueError, match=r"step must be in \[0, 10\), got 10"):

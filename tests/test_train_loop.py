@@ -621,6 +621,28 @@ def test_bf16_autocast_changes_the_numbers_slightly(finished_run: Path) -> None:
         assert model(torch.rand(2, 1, 8, 8)).dtype == torch.bfloat16
 
 
+def test_epoch_stepping_keeps_the_weights_still_through_epoch_0(tmp_path) -> None:
+    """The original code's stepping (schedule_stepping=epoch): epoch 0 runs at rate 0, so its
+    weights are the initial ones, and each epoch's recorded rate is the rule's for its start."""
+    overrides = [*TINY, *QUIET, "epochs=3", "warmup_fraction=0.4", "checkpoint_every=1",
+                 "schedule_stepping=epoch"]  # fmt: skip
+    train(resolve_config("quick", overrides=overrides), tmp_path / "run")
+    torch.manual_seed(0)  # the loop seeds the initial weights with config.seed
+    initial = create_model(
+        "quick",
+        **loop.data_model_config(load_splits("digits")),
+        **resolve_config("quick", overrides=overrides).model,
+    ).state_dict()
+    after_epoch_0 = load_checkpoint(RunDir(tmp_path / "run").epoch_checkpoint(1))["model"]
+    assert all(torch.equal(after_epoch_0[k], initial[k]) for k in initial)
+    after_epoch_1 = load_checkpoint(RunDir(tmp_path / "run").epoch_checkpoint(2))["model"]
+    assert not all(torch.equal(after_epoch_1[k], initial[k]) for k in initial)
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
+    # 20 steps an epoch, 60 in all; warm-up int(0.4 · 60) = 24 steps: epochs start at 0, 20, 40
+    cosine = 0.5 * (1 + math.cos(math.pi * (40 - 24) / (60 - 24)))
+    assert [r["lr"] for r in records] == pytest.approx([0.0, 0.1 * 20 / 24, 0.1 * cosine])
+
+
 def test_gradient_clipping_bounds_every_update(tmp_path) -> None:
     clip = 1e-3
     common = [*TINY, *NO_DROPOUT, *QUIET, "epochs=1", "momentum=0", "weight_decay=0"]

@@ -32,7 +32,7 @@ from attnconv.hardware import PRECISIONS
 from attnconv.models.decay import DECAY_EXEMPTIONS
 from attnconv.models.presets import MODELS, PRESETS, model_arguments
 from attnconv.seeds import SEED_RULE, is_valid_seed
-from attnconv.train.schedule import SCHEDULES
+from attnconv.train.schedule import SCHEDULES, STEPPINGS
 
 # Model arguments set from the dataset, never from the command line.
 DATA_MODEL_ARGUMENTS: tuple[str, ...] = ("num_classes", "in_channels", "image_size", "mean", "std")
@@ -65,7 +65,10 @@ class TrainConfig:
     and spreads; configs saved before this setting existed resume with
     ``"norms-biases-positional"``, the rule they ran with); ``progress``: a progress bar on stderr
     when it is a terminal, elsewhere (a log file, a pipe, a notebook) a line every
-    ``train(log_interval=...)`` steps; false: neither, only the line per epoch; ``precision``
+    ``train(log_interval=...)`` steps; false: neither, only the line per epoch;
+    ``schedule_stepping``: ``"step"`` changes the rate every update, ``"epoch"`` holds each epoch
+    at the rate of its first step with the original code's warm-up (epoch 0 at rate 0;
+    ``attnconv.train.schedule``); ``precision``
     ``auto`` (bfloat16 autocast where the device computes in bfloat16 natively, else float32; see
     ``attnconv.hardware``), ``fp32`` or ``bf16``. A run replaces ``auto`` by the precision it
     resolved to before saving the config, so a resumed run keeps the arithmetic it started with.
@@ -84,6 +87,7 @@ class TrainConfig:
     attention_lr_scale: float = 1.0
     decay_exempt: str = "original"
     schedule: str = "cosine"
+    schedule_stepping: str = "step"
     warmup_fraction: float = 0.05
     milestones: tuple[int, ...] = ()
     grad_clip: float | None = None
@@ -133,7 +137,7 @@ CONFIG_KEYS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(TrainCon
 # Keys a preset's recipe may set: how to train, not where or on what.
 RECIPE_KEYS: tuple[str, ...] = (
     "epochs", "batch_size", "lr", "optimizer", "momentum", "weight_decay", "attention_lr_scale",
-    "decay_exempt", "schedule",
+    "decay_exempt", "schedule", "schedule_stepping",
     "warmup_fraction", "milestones", "grad_clip", "pad", "val_size",
 )
 _HINTS = typing.get_type_hints(TrainConfig)
@@ -285,6 +289,8 @@ def check_config(config: TrainConfig) -> None:
          f"unknown decay_exempt {config.decay_exempt!r}; valid: {', '.join(DECAY_EXEMPTIONS)}")
     need(config.schedule in SCHEDULES,
          f"unknown schedule {config.schedule!r}; valid schedules: {', '.join(SCHEDULES)}")
+    need(config.schedule_stepping in STEPPINGS,
+         f"unknown schedule_stepping {config.schedule_stepping!r}; valid: {', '.join(STEPPINGS)}")
     need(0 <= config.warmup_fraction < 1,
          f"warmup_fraction must be in [0, 1), got {config.warmup_fraction}")
     need(config.schedule == "step" or not config.milestones,

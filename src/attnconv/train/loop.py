@@ -386,6 +386,7 @@ class Trainer:
             self.steps_per_epoch,
             config.warmup_fraction,
             config.milestones,
+            config.schedule_stepping,
         )
 
         # the length the run had before train(..., epochs=N) re-planned it
