@@ -1,0 +1,199 @@
+"""The built docs site in headless Chromium, opened from file:// as a reader without a network
+would open it: every page of the site, read back after MathJax has typeset it.
+
+Each page is opened once (the ``pages`` fixture) at 1300×900 and measured; the tests assert on the
+measurements: what it requested, its code blocks, its formulas and its tables.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import sync_playwright
+
+from conftest import CHROMIUM
+
+pytestmark = pytest.mark.needs_chromium
+
+ROOT = Path(__file__).resolve().parents[1]
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--no-first-run",
+]
+# Pages whose formulas carry the mathematics: each must have typeset ones.
+MATH_PAGES = {
+    "theory": 30,
+    "theorem": 3,
+    "layers": 10,
+    "grid-score": 5,
+    "api/attention": 5,
+}
+
+# What one page shows, measured after MathJax has finished (or at once on a page without it).
+MEASURE = """async () => {
+  if (window.MathJax && MathJax.startup) await MathJax.startup.promise;
+  const main = document.querySelector('div[role="main"]');
+  const column = main.getBoundingClientRect();
+  const blocks = [...main.querySelectorAll('pre')]
+    .filter(pre => !pre.closest('.doc-signature'))
+    .map(pre => {
+      const box = pre.closest('div.highlight');
+      const language = box && [...box.classList].find(c => c.startsWith('language-'));
+      const tokens = [...pre.querySelectorAll('code span[class]')];
+      const colours = new Set(tokens.map(span => getComputedStyle(span).color)).size;
+      return {language: language ? language.slice(9) : null, tokens: tokens.length, colours,
+              text: pre.innerText.slice(0, 60)};
+    });
+  const prose = main.cloneNode(true);
+  prose.querySelectorAll('pre, code, mjx-container').forEach(e => e.remove());
+  const tables = [...main.querySelectorAll('table')].map(table => {
+    const wrapper = table.parentElement;
+    // how far the table, or anything in its cells, reaches past the column (or its scroller)
+    const rights = [table, ...table.querySelectorAll('th, td, th *, td *')]
+      .map(e => e.getBoundingClientRect().right - column.right);
+    return {overflow: Math.max(...rights, wrapper.scrollWidth - wrapper.clientWidth),
+            head: table.rows[0].innerText.slice(0, 60)};
+  });
+  const links = [...main.querySelectorAll('a[href*="#"]')]
+    .filter(a => a.protocol === 'file:')
+    .map(a => ({file: decodeURI(a.pathname), anchor: decodeURIComponent(a.hash.slice(1))}));
+  return {
+    blocks,
+    tables,
+    links,
+    formulas: main.querySelectorAll('.arithmatex').length,
+    typeset: main.querySelectorAll('.arithmatex mjx-container svg').length,
+    errors: main.querySelectorAll('mjx-container [data-mml-node="merror"]').length,
+    prose: prose.textContent,
+  };
+}"""
+
+
+class Requests:
+    """What a page asked for beyond its own files: ``route`` lets the site's files load and stops
+    (and lists in ``outside``) any other request; ``failed`` lists the site's files that did not
+    load (``missing``)."""
+
+    def __init__(self) -> None:
+        self.outside: list[str] = []
+        self.missing: list[str] = []
+
+    def route(self, route) -> None:
+        if route.request.url.startswith(("file:", "data:", "blob:")):
+            route.continue_()
+        else:
+            self.outside.append(route.request.url)
+            route.abort()
+
+    def failed(self, request) -> None:
+        if request.url.startswith("file:"):
+            self.missing.append(request.url)
+
+
+@pytest.fixture(scope="module")
+def pages(tmp_path_factory) -> dict[str, dict]:
+    """Every page of the site built with ``mkdocs build --strict``: what it requested outside the
+    site (``outside``), local files it could not load (``missing``) and ``MEASURE``'s result."""
+    site = tmp_path_factory.mktemp("docs") / "site"
+    subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "-q", "--site-dir", str(site)],
+        cwd=ROOT,
+        check=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
+    )
+    names = sorted(
+        str(html.parent.relative_to(site)) if html.parent != site else "index"
+        for html in site.rglob("index.html")
+        if html.parent.name != "search"
+    )
+    measured = {}
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        for name in names:
+            page = browser.new_page(viewport={"width": 1300, "height": 900})
+            requests = Requests()
+            page.route("**/*", requests.route)
+            page.on("requestfailed", requests.failed)
+            folder = site if name == "index" else site / name
+            page.goto((folder / "index.html").as_uri(), wait_until="load")
+            measured[name] = {
+                **page.evaluate(MEASURE),
+                "outside": requests.outside,
+                "missing": requests.missing,
+            }
+            page.close()
+        browser.close()
+    return measured
+
+
+def test_every_page_loads_only_files_of_the_site(pages) -> None:
+    assert {"index", "theory", "api/attention"} <= set(pages)
+    for name, page in pages.items():
+        assert page["outside"] == [], f"{name} requested {page['outside']}"
+        assert page["missing"] == [], f"{name} could not load {page['missing']}"
+
+
+def test_code_blocks_name_their_language_and_are_highlighted(pages) -> None:
+    """Pygments split the code into tokens (spans with its classes) and the stylesheet colours
+    them: a Python block shows at least two colours, and so does some shell block (a lone
+    command can be one token kind)."""
+    languages: set[str] = set()
+    shell_colours = 0
+    for name, page in pages.items():
+        for block in page["blocks"]:
+            assert block["language"], f"{name}: a code block without a language: {block['text']!r}"
+            languages.add(block["language"])
+            if block["language"] in ("python", "sh"):
+                assert block["tokens"] > 0, f"{name}: not highlighted: {block['text']!r}"
+            if block["language"] == "python":
+                assert block["colours"] >= 2, f"{name}: not coloured: {block['text']!r}"
+            if block["language"] == "sh":
+                shell_colours = max(shell_colours, block["colours"])
+    assert {"python", "sh", "text"} <= languages
+    assert shell_colours >= 2
+
+
+def test_formulas_are_typeset(pages) -> None:
+    for name, page in pages.items():
+        assert page["typeset"] == page["formulas"], f"{name}: a formula was not typeset"
+        assert page["errors"] == 0, f"{name}: MathJax could not read a formula"
+        for raw in ("$$", "\\(", "\\[", "\\frac", "\\Delta", "\\delta"):
+            assert raw not in page["prose"], f"{name}: raw TeX {raw!r} in the text"
+    for name, least in MATH_PAGES.items():
+        assert pages[name]["typeset"] >= least, name
+
+
+def test_tables_fit_the_content_column_at_1300_px(pages) -> None:
+    assert len(pages["layers"]["tables"]) >= 1 and len(pages["theory"]["tables"]) >= 2
+    for name, page in pages.items():
+        for table in page["tables"]:
+            assert table["overflow"] <= 1, f"{name}: table {table['head']!r} overflows"
+
+
+def test_cross_references_are_links_to_headings_that_exist(pages) -> None:
+    """The docstrings link the guides' sections (``[text][heading-anchor]``, resolved by
+    mkdocs-autorefs): none is left as text, in the Markdown form of an unresolved reference or as
+    a path, and every link to an anchor of the site lands on an element with that id."""
+    ids: dict[str, set[str]] = {}
+    for name, page in pages.items():
+        assert not re.search(r"\]\[[\w-]+\]", page["prose"]), f"{name}: an unresolved reference"
+        assert not re.search(r"docs/[\w-]+\.md", page["prose"]), (
+            f"{name}: a path in place of a link"
+        )
+        for link in page["links"]:
+            if link["file"] not in ids:  # a folder's page is its index.html
+                target = Path(link["file"])
+                html = (target / "index.html" if target.is_dir() else target).read_text()
+                ids[link["file"]] = set(re.findall(r'\bid="([^"]+)"', html))
+            assert link["anchor"] in ids[link["file"]], f"{name}: a link to a missing {link}"
+    to_theory = [
+        link["anchor"] for link in pages["api/attention"]["links"] if "/theory/" in link["file"]
+    ]
+    assert "1-pixels-offsets-and-the-attention-layer" in to_theory
