@@ -191,11 +191,11 @@ class SweepResult:
 def spread_sweep(
     spreads: list[float] | None = None, threshold: float = 1e-6, seed: int = 0
 ) -> SweepResult:
-    """Relative error of a 3×3 convolution's finite-spread construction (float64) against ``s``.
+    r"""Relative error of a 3×3 convolution's finite-spread construction (float64) against ``s``.
 
     ``spreads`` defaults to 0.5, 1.0, …, 12. The smallest spread under ``threshold`` is found by
     bisection between the last grid spread above it and the first one below (the error decreases
-    with ``s``: the leaked mass falls like ``exp(−s²/2)``).
+    with $s$: the leaked mass falls like $\exp(-s^2/2)$).
     """
     spreads = [0.5 * i for i in range(1, 25)] if spreads is None else sorted(spreads)
     if not spreads or spreads[0] <= 0:

@@ -108,13 +108,14 @@ def standardized_weight(eps: float | None = None) -> Rule:
 
 
 def scaled_standardized_weight(conv: nn.Module, spread: float | None) -> AttentionConv:
-    """Rule for NFNet's scaled weight-standardised convolutions (timm's ``ScaledStdConv2d`` and
-    ``ScaledStdConv2dSame``): ``W ← (W − mean) / sqrt(var + eps) · gain · scale`` per output
-    channel (biased variance over its inputs and taps; ``gain``: the layer's trainable
-    ``(Cout, 1, 1, 1)`` parameter, kept trainable as the converted layer's ``gain``; ``scale``:
-    the layer's constant ``gamma · fan_in^−½``), recomputed in each forward
-    (:class:`~attnconv.convert.theorem.ScaledStandardize`), then the convolution, padded as
-    TensorFlow's ``"SAME"`` where the layer's ``same_pad`` is true.
+    r"""Rule for NFNet's scaled weight-standardised convolutions (timm's ``ScaledStdConv2d`` and
+    ``ScaledStdConv2dSame``):
+    $W \leftarrow (W - \operatorname{mean} W) / \sqrt{\operatorname{var} W + \varepsilon} \cdot g \cdot c$
+    per output channel (biased variance over its inputs and taps; $\varepsilon$ = ``eps``; $g$ =
+    ``gain``: the layer's trainable ``(Cout, 1, 1, 1)`` parameter, kept trainable as the converted
+    layer's ``gain``; $c$ = ``scale``: the layer's constant $\gamma \cdot \text{fan\_in}^{-1/2}$),
+    recomputed in each forward (:class:`~attnconv.convert.theorem.ScaledStandardize`), then the
+    convolution, padded as TensorFlow's ``"SAME"`` where the layer's ``same_pad`` is true.
     """
     gain, scale, eps = (getattr(conv, name, None) for name in ("gain", "scale", "eps"))
     if not (isinstance(gain, nn.Parameter) and isinstance(scale, (int, float)) and eps is not None):
@@ -495,15 +496,15 @@ def probe_error(original: nn.Module, converted: nn.Module, probe: Tensor) -> flo
 
 
 def probe_gradient_error(original: nn.Module, converted: nn.Module, probe: Tensor) -> float:
-    """Largest relative error of the converted model's gradients on ``probe``.
+    r"""Largest relative error of the converted model's gradients on ``probe``.
 
-    Each network's outputs ``y_i`` (as :func:`probe_error`; eval mode, training flags restored)
-    give the loss ``Σ_i sum(y_i · u_i)`` with fixed random ``u_i`` of their shapes; its gradients
-    with respect to the probe (when floating point) and to every trainable parameter, by
-    state-dict key, are compared tensor by tensor: ``max |g − g_original| / max |g_original|``
-    (the absolute difference where the original's is zero; no gradient counts as zeros). The
-    parameters' ``.grad`` are left untouched. ConversionError if the two networks' trainable
-    state-dict keys differ.
+    Each network's outputs ``y_i`` (as :func:`probe_error`; eval mode, training flags restored) give
+    the loss $\sum_i \langle y_i, u_i \rangle$ with fixed random $u_i$ of their shapes; its
+    gradients with respect to the probe (when floating point) and to every trainable parameter, by
+    state-dict key, are compared tensor by tensor: ``max |g − g_original| / max |g_original|`` (the
+    absolute difference where the original's is zero; no gradient counts as zeros). The parameters'
+    ``.grad`` are left untouched. ConversionError if the two networks' trainable state-dict keys
+    differ.
     """
     reference, value = (_gradients(net, probe) for net in (original, converted))
     if set(reference) != set(value):

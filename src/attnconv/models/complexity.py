@@ -23,10 +23,11 @@ def count_macs(model: nn.Module, image_size: tuple[int, int] | None = None) -> i
     Counts the matrix products and convolutions that run (``FlopCounterMode`` FLOPs / 2) in eval
     mode for a batch of one image ``(1, model.in_channels, H, W)``, ``(H, W) = image_size`` or
     ``model.image_size``. Elementwise work (softmax, norms, activations) is not counted. For
-    position-only attention the count is that of the fast path: ``heads·N·(H+W)·d`` for the
-    separable scores (isotropic Gaussian, learned), ``heads·N²·d`` for ``gaussian_full``. With
-    content scores: ``heads·N²·d`` for the logits and as many for the weighted sum, the logits'
-    product ``H + W`` wider where content × position is folded into it (``attention/content.py``).
+    position-only attention the count is that of the fast path: $h N (H + W) d$ for the separable
+    scores (isotropic Gaussian, learned), $h N^2 d$ for ``gaussian_full`` ($h$ heads of width $d$,
+    $N = HW$ tokens). With content scores: $h N^2 d$ for the logits and as many for the weighted
+    sum, the logits' product ``H + W`` wider where content × position is folded into it
+    (``attention/content.py``).
 
     The forward runs on the meta device: for the call, the parameters and buffers are swapped
     for tensors of the same shapes that hold no data (the model is not copied or changed), so no

@@ -52,9 +52,9 @@ def gaussian_layers(model: nn.Module) -> list[tuple[int, MultiHeadSelfAttention2
 def head_table(
     model: nn.Module, min_spread: float = MIN_SPREAD, max_condition: float = MAX_CONDITION
 ) -> list[dict[str, Any]]:
-    """One row per Gaussian head: ``layer``, ``head``, ``center_row``, ``center_col`` (offset
-    ``Δ`` in tokens), ``spread`` (``det(Σ)^(-1/4)``: geometric-mean inverse std, 1/tokens),
-    ``condition_number`` (of the covariance ``Σ``) and ``degenerate`` (see module docstring); for
+    r"""One row per Gaussian head: ``layer``, ``head``, ``center_row``, ``center_col`` (offset
+    $\Delta$ in tokens), ``spread`` ($\det(\Sigma)^{-1/4}$: geometric-mean inverse std, 1/tokens),
+    ``condition_number`` (of the covariance $\Sigma$) and ``degenerate`` (see module docstring); for
     a layer started on the kernel taps (``positional_init="grid"``) also ``moved``, the distance
     of the centre from the head's tap (tokens)."""
     rows = []
@@ -85,12 +85,12 @@ def head_table(
 
 
 def transformed_head_table(model: nn.Module) -> list[dict[str, Any]]:
-    """One row per head of every transformed layer of a ``TransformedNetwork``, in network order:
-    ``layer`` (index among the transformed layers), ``name`` (the layer's module name),
-    ``head``, ``tap_row``/``tap_col`` (the kernel tap the head started on: offset from the query,
-    pixels of the layer's input), ``center_row``/``center_col`` (its centre now, pixels),
-    ``moved`` (``‖centre − tap‖``, pixels), ``spread`` (``|s|``, the inverse standard deviation,
-    1/pixels), ``std`` (``1/|s|``, pixels; ``inf`` for ``s = 0``) and ``gate`` (its share of
+    r"""One row per head of every transformed layer of a ``TransformedNetwork``, in network order:
+    ``layer`` (index among the transformed layers), ``name`` (the layer's module name), ``head``,
+    ``tap_row``/``tap_col`` (the kernel tap the head started on: offset from the query, pixels of
+    the layer's input), ``center_row``/``center_col`` (its centre now, pixels), ``moved``
+    ($\lVert \text{centre} - \text{tap} \rVert$, pixels), ``spread`` ($|s|$, the inverse standard
+    deviation, 1/pixels), ``std`` ($1/|s|$, pixels; ``inf`` for $s = 0$) and ``gate`` (its share of
     content attention, in ``[0, 1]``; 0 for layers without content). UserError for another model.
     """
     if not isinstance(model, TransformedNetwork):

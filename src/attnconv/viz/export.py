@@ -1,4 +1,4 @@
-"""The explorer: a self-contained static site to click through models' attention in a browser.
+r"""The explorer: a self-contained static site to click through models' attention in a browser.
 
 ``write_explorer(models, out_dir)`` writes one page for one or more models (``SiteModel``): a model
 switcher, each model's name, description and test accuracy, a few test images and, for models
@@ -13,14 +13,14 @@ local files under ``file://`` but run ``<script>``s:
 * ``models/I/model.js``, loaded when model ``I`` is first shown: its description, test images
   (pixels) and, for a position-only model, every layer's probabilities (the same for every image).
   Separable layers (isotropic Gaussian, learned) store their exact row and column factors
-  ``R (heads, h, h)`` and ``C (heads, w, w)``, with ``P[q, k] = R[q₁, k₁] · C[q₂, k₂]``; other
+  ``R (heads, h, h)`` and ``C (heads, w, w)``, with $P_{q,k} = R_{q_1,k_1} C_{q_2,k_2}$; other
   layers store ``P (heads, N, N)`` quantised.
-* ``models/I/image_NNN.js`` (models with content scores), loaded when the image is picked: per
-  layer the content logits ``qᵀk/√d``, as the float32 factors ``q/√d`` and ``k`` ``(heads, N, d)``
-  when that is smaller than ``(heads, N, N)`` quantised, and the positional logits (all terms with
-  ``r_δ``: ``wᵀr_δ``, ``qᵀr_δ/√d``, or the Gaussian score) as row and column parts
-  ``(heads, N, h + w)`` whose sum over a key's row and column is the logit. The page adds them for
-  the total score and applies the softmax itself.
+* ``models/I/image_NNN.js`` (models with content scores), loaded when the image is picked: per layer
+  the content logits $q^\top k / \sqrt d$, as the float32 factors $q / \sqrt d$ and $k$
+  ``(heads, N, d)`` when that is smaller than ``(heads, N, N)`` quantised, and the positional logits
+  (all terms with $r_\delta$: $w^\top r_\delta$, $q^\top r_\delta / \sqrt d$, or the Gaussian score)
+  as row and column parts ``(heads, N, h + w)`` whose sum over a key's row and column is the logit.
+  The page adds them for the total score and applies the softmax itself.
 * ``models/I/average.js`` (models with content scores): the probabilities averaged over the
   ``average_images`` ``(heads, N, N)`` quantised, per layer.
 
@@ -146,14 +146,14 @@ def position_layer_payload(layer: MultiHeadSelfAttention2d, grid: tuple[int, int
 
 @dataclass
 class ScoreTerms:
-    """Logits of one layer for a batch, split as the explorer shows them.
+    r"""Logits of one layer for a batch, split as the explorer shows them.
 
-    ``content``: ``(B, heads, N, N)`` ``qᵀk/√d`` or None. ``position_row`` / ``position_col``:
-    ``(B, heads, N, h)`` / ``(B, heads, N, w)``, the positional logit of query ``q`` and key
-    ``(k₁, k₂)`` being ``position_row[..., q, k₁] + position_col[..., q, k₂]``; or
+    ``content``: ``(B, heads, N, N)`` $q^\top k / \sqrt d$ or None. ``position_row`` /
+    ``position_col``: ``(B, heads, N, h)`` / ``(B, heads, N, w)``, the positional logit of query
+    ``q`` and key ``(k₁, k₂)`` being ``position_row[..., q, k₁] + position_col[..., q, k₂]``; or
     ``position_dense`` ``(heads, N, N)`` (generalized Gaussian, the same for every image); all None
-    when the layer has no positional score. ``query`` / ``key``: ``(B, heads, N, d)`` ``q/√d`` and
-    ``k``, whose products are ``content`` (None with it).
+    when the layer has no positional score. ``query`` / ``key``: ``(B, heads, N, d)`` $q / \sqrt d$
+    and $k$, whose products are ``content`` (None with it).
     """
 
     content: Tensor | None
@@ -234,7 +234,7 @@ def model_score_terms(model: nn.Module, images: Tensor) -> list[ScoreTerms]:
 
 
 def content_payload(term: ScoreTerms, index: int) -> dict[str, Any]:
-    """The content logits of image ``index``: float32 ``q/√d`` and ``k`` (``{"type": "factors",
+    r"""The content logits of image ``index``: float32 $q / \sqrt d$ and $k$ (``{"type": "factors",
     "dim", "query", "key"}``) when 2 × 4 bytes × d per token is less than the 2 bytes × N of a
     quantised row, else (or without ``q`` and ``k``) quantised ``(heads, N, N)``."""
     if term.key is None:
