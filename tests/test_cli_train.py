@@ -125,6 +125,31 @@ def test_a_tcnn_preset_transforms_a_cnn_init_as_attnconv_transform_does(captured
     assert not torch.equal(other[key], init["model"][key])  # the seed draws them
 
 
+def test_the_shipped_recipe_by_name_trains_what_shipped_with_the_given_settings_on_top(
+    captured, monkeypatch, tmp_path, capsys
+):
+    argv = ["train", "--preset", "learned-fashion", "--recipe", "shipped", "--out",
+            str(tmp_path / "a"), "seed=2"]  # fmt: skip
+    assert main(argv) == 0
+    ((args, _),) = captured
+    config = args[0]
+    assert (config.epochs, config.precision, config.seed) == (22, "fp32", 2)
+    assert config.model == {"weight_init": "fan_in", "positional_init": "original"}
+    # a flag replaces the recorded setting of its key
+    assert main([*argv[:-1], "--precision", "bf16", "--epochs", "3", "--out", str(tmp_path / "b")]) == 0
+    assert (captured[1][0][0].precision, captured[1][0][0].epochs) == ("bf16", 3)
+    # a recorded stop and resume is trained the same way
+    planned = []
+    monkeypatch.setattr(loop, "train_in_plans", lambda *a, **k: planned.append(a))
+    content = ["train", "--preset", "learned-content-fashion", "--recipe", "shipped", "--out",
+               str(tmp_path / "c")]  # fmt: skip
+    assert main(content) == 0
+    ((config, _, plans),) = planned
+    assert (config.epochs, config.precision, plans) == (18, "bf16", [(18, 1), (22, 22)])
+    assert main(["train", "--preset", "quick", "--recipe", "shipped"]) == 2
+    assert "preset 'quick' has no shipped recipe" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("hidden", ["99999999999999999999", "1000000000000"])
 def test_a_model_override_too_large_to_build_is_one_line(tmp_path, capsys, hidden):
     """Too large for a tensor size (an overflow in torch's C++, whose message carries its stack

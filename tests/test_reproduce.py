@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
+import itertools
 import json
 import shutil
 
@@ -14,7 +16,12 @@ from attnconv.data import load_splits
 from attnconv.models import PRESETS, create_model
 from attnconv.models.presets import preset_arguments
 from attnconv.models.pretrained import pretrained_models
-from attnconv.train.config import TrainConfig, resolve_config
+from attnconv.train.config import (
+    TrainConfig,
+    extended_config,
+    resolve_config,
+    training_command,
+)
 from attnconv.train.loop import train
 from attnconv.viz.figures import attention_figure
 from attnconv.viz.grid import layer_grid_scores
@@ -54,78 +61,77 @@ def test_finished_runs_are_skipped_and_interrupted_ones_resumed(tmp_path, monkey
     monkeypatch.setattr("attnconv.train.loop.train", lambda *a, **k: calls.append((a, k)))
     settings = {"precision": "fp32", "seed": 3, "checkpoint_every": 1}
     config = resolve_config("quick", "digits", **settings)
+    plans = [(config.epochs, config.epochs)]
     assert reproduce.run_state(quick_run) == "finished"
-    reproduce.train_run(quick_run, config)
+    reproduce.train_run(quick_run, config, plans)
     assert calls == []
 
     interrupted = tmp_path / "interrupted"
     (interrupted / "checkpoints").mkdir(parents=True)
     (interrupted / "checkpoints" / "last.pt").write_bytes(b"")
     assert reproduce.run_state(interrupted) == "interrupted"
-    reproduce.train_run(interrupted, config)
+    reproduce.train_run(interrupted, config, plans)
     ((args, kwargs),) = calls
     assert args == (None, interrupted)  # the config saved in last.pt, the one source of truth
     assert kwargs == {"resume": True, "epoch_figure": attention_figure}
 
     calls.clear()
     assert reproduce.run_state(tmp_path / "new") == "new"
-    reproduce.train_run(tmp_path / "new", config)
+    reproduce.train_run(tmp_path / "new", config, plans)
     ((args, kwargs),) = calls
     assert args == (config, tmp_path / "new")
 
 
-def test_run_settings_follow_the_recipe_seed_and_precision():
-    shipped = reproduce.run_settings("fashion-mnist", "quadratic-fashion", "shipped", 1)
-    config = resolve_config("quadratic-fashion", **shipped)
+def test_run_plans_follow_the_recipe_seed_and_precision():
+    config, plans = reproduce.run_plan("fashion-mnist", "quadratic-fashion", "shipped", 1)
     assert (config.epochs, config.precision, config.seed, config.checkpoint_every) == (
         26,
         "fp32",
         1,
         1,
     )
-    assert config.model == {"weight_init": "fan_in"}
-    presets = resolve_config(
-        "quadratic-fashion",
-        **reproduce.run_settings("fashion-mnist", "quadratic-fashion", "presets", 0),
-    )
+    assert config.model == {"weight_init": "fan_in"} and plans == [(26, 26)]
+    presets, plans = reproduce.run_plan("fashion-mnist", "quadratic-fashion", "presets", 0)
     assert presets.model == {} and presets.precision == "auto"
     assert presets.epochs == resolve_config("quadratic-fashion").epochs != 26
-    bf16 = reproduce.run_settings("fashion-mnist", "learned-fashion", "shipped", 0, "bf16")
-    assert bf16["precision"] == "bf16" and bf16["epochs"] == 22
-    # the recipe table itself is not changed by a run's settings
-    bf16["model"]["weight_init"] = "bert"
-    assert reproduce.SHIPPED_RECIPES["fashion-mnist"]["learned-fashion"]["model"] == {
-        "weight_init": "fan_in",
-        "positional_init": "original",
-    }
+    assert plans == [(presets.epochs, presets.epochs)]
+    bf16, _ = reproduce.run_plan("fashion-mnist", "learned-fashion", "shipped", 0, "bf16")
+    assert bf16.precision == "bf16" and bf16.epochs == 22
+    # learned-content-fashion shipped from an 18-epoch plan stopped after epoch 1, then 22 epochs
+    content, plans = reproduce.run_plan("fashion-mnist", "learned-content-fashion", "shipped", 0)
+    assert (content.epochs, content.precision, plans) == (18, "bf16", [(18, 1), (22, 22)])
     with pytest.raises(ValueError, match="unknown recipe 'paper'; valid recipes: shipped, presets"):
-        reproduce.run_settings("fashion-mnist", "learned-fashion", "paper", 0)
+        reproduce.run_plan("fashion-mnist", "learned-fashion", "paper", 0)
 
 
 def test_the_shipped_recipes_are_the_runs_of_the_shipped_weights():
-    """Each shipped Fashion-MNIST model was trained as its recipe says: the same epochs, the
-    same constructor arguments (the recipe's model settings and nothing else differ from the
-    preset), and the same precision (``auto``: what auto chose on the machine that trained it)."""
-    recipes = reproduce.SHIPPED_RECIPES["fashion-mnist"]
+    """Each shipped Fashion-MNIST model is trained again as its weights were: the config and plans
+    ``reproduce`` trains write back the command the weights record (settings, length, re-plans:
+    a recipe that dropped ``learned-content-fashion``'s resume would write another command), and
+    build the constructor arguments the weights were built from."""
     shipped = {  # but the fine-tuned ones (docs/transform.md), which start from a shipped model
         n: e for n, e in pretrained_models().items()
         if e.dataset == "fashion-mnist" and not PRESETS[n].requires_init
     }  # fmt: skip
-    assert set(recipes) == set(shipped) == set(reproduce.EXPERIMENTS["fashion-mnist"])
+    assert set(shipped) == set(reproduce.EXPERIMENTS["fashion-mnist"])
     data_keys = ("num_classes", "in_channels", "image_size", "mean", "std")
     for preset, entry in shipped.items():
-        config = resolve_config(
-            preset, **reproduce.run_settings("fashion-mnist", preset, "shipped", 0)
-        )
-        assert config.epochs == entry.run["epochs"], preset
+        first, plans = reproduce.run_plan("fashion-mnist", preset, "shipped", 0)
+        final = first
+        for (_, stop), (length, _) in itertools.pairwise(plans):
+            final = extended_config(final, length, trained=stop)
+        replans = [[length, stop] for length, stop in plans[:-1]]
+        assert training_command(final, replans) == entry.run["command"], preset
+        assert final.epochs == entry.run["epochs"] and final.precision == entry.run["precision"]
         data = {key: entry.arguments[key] for key in data_keys}
-        architecture, arguments = preset_arguments(preset, **{**config.model, **data})
+        architecture, arguments = preset_arguments(preset, **{**final.model, **data})
         assert architecture == entry.architecture
         assert json.loads(json.dumps(arguments)) == entry.arguments, preset
-        if config.precision == "auto":
-            assert entry.run["machine"].endswith(f"auto precision {entry.run['precision']}")
-        else:
-            assert config.precision == entry.run["precision"], preset
+    # the command a run without its resume would record differs from the shipped one
+    content = shipped["learned-content-fashion"].run["command"]
+    config, _ = reproduce.run_plan("fashion-mnist", "learned-content-fashion", "shipped", 0)
+    assert training_command(extended_config(config, 22, trained=18), [[18, 18]]) != content
+    assert training_command(dataclasses.replace(config, epochs=22)) != content
 
 
 def test_results_row_figures_and_table_of_a_real_run(tmp_path, quick_run):
@@ -259,7 +265,9 @@ def test_the_experiment_trains_each_model_once_per_seed_into_its_own_folder(tmp_
     monkeypatch.setattr(
         reproduce,
         "train_run",
-        lambda folder, config: trained.append((config.preset, folder, config.seed, config.epochs)),
+        lambda folder, config, plans: trained.append(
+            (config.preset, folder, config.seed, plans[-1][0])
+        ),
     )
 
     def analyse(folder, figures, _):

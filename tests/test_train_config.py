@@ -17,8 +17,11 @@ from attnconv.train.config import (
     coerce,
     extended_config,
     load_config,
+    read_training_command,
+    recorded_config,
     resolve_config,
     save_config,
+    shipped_recipe,
     training_command,
 )
 from attnconv.train.schedule import LRSchedule, build_schedule
@@ -262,6 +265,34 @@ def test_training_command_of_an_extended_run_repeats_its_resumes() -> None:
         "attnconv train --preset quick epochs=6 lr=0.03 --out RUN (stopped after epoch 4)"
         " && attnconv train --resume RUN --epochs 10"
     )
+
+
+def test_a_recorded_command_reads_back_into_its_plans() -> None:
+    planned = resolve_config("quick", epochs=6, lr=0.03)
+    extended = extended_config(extended_config(planned, 10, trained=4), 14, trained=10)
+    command = training_command(extended, [[6, 4], [10, 10]])
+    recorded = read_training_command(command)
+    assert (recorded.preset, recorded.dataset, recorded.init) == ("quick", None, None)
+    assert recorded.overrides == ("epochs=6", "lr=0.03")
+    assert recorded.plans == [(6, 4), (10, 10), (14, 14)]
+    assert recorded.replans == [[6, 4], [10, 10]]
+    first, plans = recorded_config(recorded)
+    assert first == planned and plans == recorded.plans
+    # given settings replace the recorded ones; epochs is the final length
+    first, plans = recorded_config(recorded, overrides=["lr=0.5"], epochs=20, seed=3)
+    assert (first.lr, first.epochs, first.seed, plans[-1]) == (0.5, 6, 3, (20, 20))
+    with pytest.raises(UserError, match=r"trained 10 epoch.* must exceed that, got epochs=9"):
+        recorded_config(recorded, epochs=9)
+    pruned = read_training_command(
+        "attnconv transform --pretrained x --out t && attnconv train --preset "
+        "quadratic-generalized-pruned --dataset cifar100 --init 't/my run.pt' lr=0.02"
+    )
+    assert (pruned.dataset, pruned.init, pruned.overrides) == ("cifar100", "t/my run.pt", ("lr=0.02",))
+    assert pruned.plans == [(100, 100)]
+    with pytest.raises(UserError, match=r"cannot read the training command .*unexpected '--bogus'"):
+        read_training_command("attnconv train --preset quick --bogus")
+    with pytest.raises(UserError, match=r"preset 'quick' has no shipped recipe.*learned-fashion"):
+        shipped_recipe("quick")
 
 
 def test_config_json_round_trip(tmp_path) -> None:

@@ -643,6 +643,31 @@ def test_epoch_stepping_keeps_the_weights_still_through_epoch_0(tmp_path) -> Non
     assert [r["lr"] for r in records] == pytest.approx([0.0, 0.1 * 20 / 24, 0.1 * cosine])
 
 
+def test_train_in_plans_repeats_a_run_stopped_and_resumed_to_a_new_length(tmp_path) -> None:
+    """A run of 2 planned epochs stopped after epoch 1 and resumed to 3 epochs: train_in_plans
+    does it in one call, ends with the weights of doing it by hand and records the same command;
+    a straight 3-epoch run ends elsewhere (its first epoch had another schedule)."""
+    config = resolve_config("quick", overrides=["epochs=2", *TINY, *QUIET])
+    summary = loop.train_in_plans(config, tmp_path / "planned", [(2, 1), (3, 3)])
+    assert summary["replans"] == [[2, 1]] and summary["epochs"] == 3
+    assert summary["command"].endswith(
+        "--out RUN (stopped after epoch 1) && attnconv train --resume RUN --epochs 3"
+    )
+    assert train(config, tmp_path / "by-hand", stop_after=1) == {}
+    assert not (tmp_path / "by-hand" / "summary.json").exists()
+    train(None, tmp_path / "by-hand", resume=True, epochs=3)
+    assert_same_weights(weights(tmp_path / "planned"), weights(tmp_path / "by-hand"))
+    train(resolve_config("quick", overrides=["epochs=3", *TINY, *QUIET]), tmp_path / "straight")
+    straight = weights(tmp_path / "straight")
+    assert any(not torch.equal(straight[k], v) for k, v in weights(tmp_path / "planned").items())
+    # a folder part-way through is continued: a run stopped after epoch 1 goes on to the end
+    train(config, tmp_path / "part", stop_after=1)
+    assert loop.train_in_plans(config, tmp_path / "part", [(2, 1), (3, 3)])["replans"] == [[2, 1]]
+    assert_same_weights(weights(tmp_path / "part"), weights(tmp_path / "planned"))
+    with pytest.raises(UserError, match=r"plans \[\(2, 2\), \(2, 2\)\] do not chain"):
+        loop.train_in_plans(config, tmp_path / "bad", [(2, 2), (2, 2)])
+
+
 def test_gradient_clipping_bounds_every_update(tmp_path) -> None:
     clip = 1e-3
     common = [*TINY, *NO_DROPOUT, *QUIET, "epochs=1", "momentum=0", "weight_decay=0"]

@@ -16,16 +16,17 @@
                              every attention model's distance per head and layer side by side
                              (the ViT paper's Figure 7 view, on one scale; the first seed's runs)
 
-New runs train each model with the recipe its shipped weights came from (``SHIPPED_RECIPES``,
-``recipe="shipped"``), or with its preset as it stands (``recipe="presets"``: the paper code's
-start, the epochs of the presets' budget). ``--export-weights`` then writes the best checkpoint of
+New runs train each model with the recipe its shipped weights came from (``recipe="shipped"``:
+the command their index entry records, read back by ``attnconv.train.config.shipped_recipe``,
+settings and re-plans alike: ``learned-content-fashion`` shipped from an 18-epoch plan stopped
+after epoch 1 and resumed to 22 epochs, and is trained so again), or with its preset as it stands
+(``recipe="presets"``: the paper code's start, the epochs of the presets' budget). ``--export-weights`` then writes the best checkpoint of
 each model's first-seed run into the package's shipped weights (``attnconv.models.pretrained``),
 with its test accuracy measured again in float32.
 """
 
 from __future__ import annotations
 
-import copy
 import csv
 import json
 import statistics
@@ -62,35 +63,6 @@ REFERENCES: dict[str, tuple[tuple[str, str, str], ...]] = {
         ("CNN with 2 convolutional layers", "91–92.5%", "the dataset's benchmark table"),
         ("ResNet-18 (full width, 11M parameters)", "94.9%", "the dataset's benchmark table"),
     ),
-}
-# The settings (``resolve_config``'s) that each shipped model's run added to its preset, which
-# ``recipe="shipped"`` trains with; docs/reproducing.md gives the reasons. The attention models
-# start their Linear layers from ``fan_in`` normal weights (the learned ones keep the paper code's
-# tables and head keys) and train as many epochs as about two hours of 2 AMD EPYC Zen 4 cores
-# bought; the content model in bfloat16 where that is native (``auto``; its shipped run: bf16 on
-# the Zen 4), the others in float32. The test suite checks this against the shipped weights'
-# recorded commands.
-SHIPPED_RECIPES: dict[str, dict[str, dict[str, Any]]] = {
-    "fashion-mnist": {
-        "quadratic-fashion": {
-            "epochs": 26,
-            "precision": "fp32",
-            "model": {"weight_init": "fan_in"},
-        },
-        "learned-fashion": {
-            "epochs": 22,
-            "precision": "fp32",
-            "model": {"weight_init": "fan_in", "positional_init": "original"},
-        },
-        "learned-content-fashion": {
-            "epochs": 22,
-            "precision": "auto",
-            "model": {"weight_init": "fan_in", "positional_init": "original"},
-        },
-        "resnet-fashion-small": {"precision": "fp32"},
-        "resnet-fashion": {"precision": "fp32"},
-        "vit-fashion": {"precision": "fp32"},
-    },
 }
 RECIPES = ("shipped", "presets")
 # Test images over which the attention of models with content scores is averaged.
@@ -160,26 +132,35 @@ def run_state(run_dir: Path) -> str:
     return "new"
 
 
-def run_settings(
-    experiment: str, preset: str, recipe: str, seed: int, precision: str | None = None
-) -> dict[str, Any]:
-    """The settings (``resolve_config``'s) of a new run of ``preset``: the ``recipe``'s (see the
-    module docstring), with ``seed``, a checkpoint every epoch and ``precision`` where given (else
-    the recipe's; ``auto`` for the presets)."""
+def run_plan(
+    experiment: str,
+    preset: str,
+    recipe: str,
+    seed: int,
+    precision: str | None = None,
+    data_dir: str | None = None,
+) -> tuple[TrainConfig, list[tuple[int, int]]]:
+    """The config of a new run of ``preset`` (of its first plan) and its plans ``(length,
+    stop)`` (``attnconv.train.loop.train_in_plans``): the ``recipe``'s (see the module docstring;
+    the presets' in ``auto`` precision), with ``seed``, a checkpoint every epoch and
+    ``precision`` where given."""
+    from attnconv.train.config import recorded_config, resolve_config, shipped_recipe
+
     if recipe not in RECIPES:
         raise UserError(f"unknown recipe {recipe!r}; valid recipes: {', '.join(RECIPES)}")
-    settings: dict[str, Any] = {"precision": "auto"}
-    if recipe == "shipped":
-        settings.update(copy.deepcopy(SHIPPED_RECIPES[experiment][preset]))
+    settings: dict[str, Any] = {"seed": seed, "checkpoint_every": 1, "data_dir": data_dir}
     if precision is not None:
         settings["precision"] = precision
-    return {**settings, "seed": seed, "checkpoint_every": 1}
+    if recipe == "shipped":
+        return recorded_config(shipped_recipe(preset), experiment, **settings)
+    config = resolve_config(preset, experiment, **{"precision": "auto", **settings})
+    return config, [(config.epochs, config.epochs)]
 
 
-def train_run(run_dir: Path, config: TrainConfig) -> None:
-    """Train a new run of ``config`` into ``run_dir``, resume it from its checkpoint (whose saved
-    config, not ``config``, it follows), or leave it if finished."""
-    from attnconv.train.loop import train
+def train_run(run_dir: Path, config: TrainConfig, plans: list[tuple[int, int]]) -> None:
+    """Train a new run of ``config`` along ``plans`` into ``run_dir``, continue it from its
+    checkpoint (whose saved config, not ``config``, it follows), or leave it if finished."""
+    from attnconv.train.loop import train_in_plans
     from attnconv.viz.figures import attention_figure
 
     state = run_state(run_dir)
@@ -188,9 +169,7 @@ def train_run(run_dir: Path, config: TrainConfig) -> None:
         return
     if state == "interrupted":
         print(f"{config.preset}: resuming {run_dir}")
-        train(None, run_dir, resume=True, epoch_figure=attention_figure)
-        return
-    train(config, run_dir, epoch_figure=attention_figure)
+    train_in_plans(config, run_dir, plans, epoch_figure=attention_figure)
 
 
 def layer_summaries(maps: AttentionMaps) -> dict[str, Any]:
@@ -514,8 +493,6 @@ def run_experiment(
     each model's first-seed run into (``""``: the package's own weights folder); ``None`` ships
     nothing.
     """
-    from attnconv.train.config import resolve_config
-
     presets = selected_presets(experiment, presets)
     seeds = list(dict.fromkeys(seeds))  # each seed once, in the order given
     if not seeds:
@@ -526,17 +503,11 @@ def run_experiment(
     runs = [(preset, seed) for preset in presets for seed in seeds]
     # every run's config is resolved, so checked, before the first one trains for hours
     configs = [
-        resolve_config(
-            preset,
-            experiment,
-            data_dir=data_dir,
-            **run_settings(experiment, preset, recipe, seed, precision),
-        )
-        for preset, seed in runs
+        run_plan(experiment, preset, recipe, seed, precision, data_dir) for preset, seed in runs
     ]
     out.mkdir(parents=True, exist_ok=True)
-    for (preset, seed), config in zip(runs, configs, strict=True):
-        train_run(run_folder(out, preset, seed), config)
+    for (preset, seed), (config, plans) in zip(runs, configs, strict=True):
+        train_run(run_folder(out, preset, seed), config, plans)
     rows = [
         analyse_run(run_folder(out, preset, seed), figures_folder(out, preset, seed), data_dir)
         for preset, seed in runs

@@ -1,6 +1,7 @@
 """``attnconv train``: train a preset, resume a run, or fine-tune a pruned checkpoint.
 
     attnconv train --preset quadratic --dataset cifar10 [--epochs N] [--out RUN_DIR] [key=value ...]
+    attnconv train --preset learned-fashion --recipe shipped [key=value ...]
     attnconv train --resume RUN_DIR [--epochs N]
     attnconv train --preset quadratic-generalized-pruned --init RUN_DIR/checkpoints/best.pt
     torchrun --nproc_per_node 4 -m attnconv train --preset quadratic ...
@@ -18,6 +19,7 @@ from attnconv.hardware import PRECISIONS
 from attnconv.runs import RunDir
 from attnconv.train.loop import LOG_INTERVAL
 
+RECIPES = ("preset", "shipped")
 # The typed flags: the TrainConfig field each one sets.
 FLAG_FIELDS: tuple[str, ...] = ("data_dir", "epochs", "precision", "device", "init")
 
@@ -29,6 +31,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "model argument (model.hidden=128, model.dropout=0); an unknown key lists the valid ones",
     )
     parser.add_argument("--preset", help="the model and recipe (see `attnconv models`)")
+    parser.add_argument(
+        "--recipe", choices=RECIPES, default="preset",
+        help="preset (the default): the preset's recipe; shipped: the recipe the preset's "
+        "shipped weights were trained with, as their index entry records it (its settings, and "
+        "its re-plans: a run stopped and resumed to a new length is trained the same way); "
+        "flags and key=value overrides replace the recorded settings of the same keys",
+    )
     parser.add_argument("--dataset", help="cifar10, cifar100, fashion-mnist, digits or "
                         "fashion-mnist-anywhere (default: the preset's, or with --init the "
                         "checkpoint's)")
@@ -80,7 +89,8 @@ def _check_resume(args: argparse.Namespace) -> Path:
 
     run_dir = Path(args.resume)
     others = {key for key in flag_settings(args) if key != "epochs"}
-    if others or args.overrides or args.dataset is not None or args.out is not None:
+    if others or args.overrides or args.dataset is not None or args.out is not None \
+            or args.recipe != "preset":  # fmt: skip
         raise UsageError(
             "--resume continues a run with the config saved in its last checkpoint; it takes no "
             "other options or key=value overrides, except --epochs N to train the run on to "
@@ -99,11 +109,12 @@ def run(args: argparse.Namespace) -> int:
     from attnconv.models import PRESETS
     from attnconv.models.checkpoint import load_checkpoint
     from attnconv.models.pretrained import load_init_checkpoint
-    from attnconv.train.config import resolve_config
-    from attnconv.train.loop import NonFiniteLossError, train
+    from attnconv.train.config import recorded_config, resolve_config, shipped_recipe
+    from attnconv.train.loop import NonFiniteLossError, train, train_in_plans
     from attnconv.viz.figures import attention_figure
 
     init = None
+    plans = None  # (length, stop) of each plan of a recorded run (--recipe shipped)
     if args.resume is not None:
         run_dir = _check_resume(args)
         config = None
@@ -118,21 +129,36 @@ def run(args: argparse.Namespace) -> int:
         if args.init is not None:
             init = load_init_checkpoint(args.init)  # once: its dataset here, its weights in train
             dataset = dataset or init["dataset"]
-        config = resolve_config(args.preset, dataset, args.overrides, **flag_settings(args))
+        if args.recipe == "shipped":
+            config, plans = recorded_config(
+                shipped_recipe(args.preset), dataset, args.overrides, **flag_settings(args)
+            )
+        else:
+            config = resolve_config(args.preset, dataset, args.overrides, **flag_settings(args))
         if init is not None:
             init = _transformed_if_needed(init, args.preset, config.seed)
         stamp = time.strftime("%Y%m%d-%H%M%S")
         run_dir = Path(args.out or Path("runs") / f"{config.preset}-{config.dataset}-{stamp}")
     try:
-        train(
-            config,
-            run_dir,
-            resume=args.resume is not None,
-            epochs=args.epochs if args.resume is not None else None,
-            init_checkpoint=init,
-            epoch_figure=attention_figure,
-            log_interval=args.log_interval,
-        )
+        if plans is not None and len(plans) > 1:
+            # a fresh folder: train_in_plans would resume one that holds a run, train does not
+            if RunDir(run_dir).last.exists():
+                raise UsageError(
+                    f"{run_dir} already holds a run; continue it with --resume {run_dir} or "
+                    f"give another --out"
+                )
+            train_in_plans(config, run_dir, plans, init_checkpoint=init,
+                           epoch_figure=attention_figure, log_interval=args.log_interval)  # fmt: skip
+        else:
+            train(
+                config,
+                run_dir,
+                resume=args.resume is not None,
+                epochs=args.epochs if args.resume is not None else None,
+                init_checkpoint=init,
+                epoch_figure=attention_figure,
+                log_interval=args.log_interval,
+            )
     except NonFiniteLossError as err:
         print(f"attnconv train: stopped: {err}", file=sys.stderr)
         return 1

@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 import shlex
 import types
 import typing
@@ -409,6 +410,150 @@ def training_command(config: TrainConfig, replans: Sequence[Sequence[int]] = ())
             command += f" (stopped after epoch {trained})"
         command += f" && attnconv train --resume RUN --epochs {length}"
     return command
+
+
+@dataclass(frozen=True)
+class RecordedRun:
+    """A run as ``training_command`` recorded it, read back (``read_training_command``).
+
+    ``overrides``: the first plan's ``key=value`` settings (its length among them where it is not
+    the preset's); ``lengths``: the run's length in epochs in each plan, oldest first (one per
+    ``--resume RUN --epochs N`` after the first); ``stops``: the epochs trained when each plan
+    ended (the plan's length but where the record says ``(stopped after epoch T)``; the last
+    plan ran to its end). ``replans`` is what ``training_command`` takes back.
+    """
+
+    preset: str
+    dataset: str | None
+    init: str | None
+    overrides: tuple[str, ...]
+    lengths: tuple[int, ...]
+    stops: tuple[int, ...]
+
+    @property
+    def plans(self) -> list[tuple[int, int]]:
+        """``(length, stop)`` per plan, oldest first, as ``attnconv.train.loop.train_in_plans``
+        takes them."""
+        return list(zip(self.lengths, self.stops, strict=True))
+
+    @property
+    def replans(self) -> list[list[int]]:
+        """``[[the length before a re-plan, the epochs trained then], ...]``, oldest first."""
+        return [[length, stop] for length, stop in zip(self.lengths, self.stops[:-1], strict=False)]
+
+
+_STOPPED = re.compile(r"\(stopped after epoch (\d+)\)")
+
+
+def read_training_command(command: str) -> RecordedRun:
+    """Read back a command ``training_command`` wrote: ``attnconv train --preset P [--dataset D]
+    [--init X] key=value ... [--out RUN [(stopped after epoch T)] && attnconv train --resume RUN
+    --epochs N ...]``, after any other commands that prepared it (``attnconv transform ... &&``).
+    UserError naming what it cannot read."""
+
+    def fail(why: str) -> UserError:
+        return UserError(f"cannot read the training command {command!r}: {why}")
+
+    parts = [part.strip() for part in command.split(" && ")]
+    starts = [i for i, part in enumerate(parts) if part.startswith("attnconv train --preset ")]
+    if not starts:
+        raise fail("no 'attnconv train --preset' in it")
+    first, *resumes = parts[starts[0] :]
+    stops: list[int | None] = []
+    stopped = _STOPPED.search(first)
+    stops.append(int(stopped.group(1)) if stopped else None)
+    words = shlex.split(_STOPPED.sub("", first))[2:]
+    flags: dict[str, str] = {}
+    overrides: list[str] = []
+    while words:
+        word = words.pop(0)
+        if word in ("--preset", "--dataset", "--init", "--out"):
+            if not words:
+                raise fail(f"{word} without a value")
+            flags[word] = words.pop(0)
+        elif "=" in word and not word.startswith("-"):
+            overrides.append(word)
+        else:
+            raise fail(f"unexpected {word!r}")
+    preset = flags["--preset"]
+    base = resolve_config(preset, flags.get("--dataset"), overrides,
+                          **({"init": flags["--init"]} if "--init" in flags else {}))  # fmt: skip
+    lengths = [base.epochs]
+    for part in resumes:
+        stopped = _STOPPED.search(part)
+        resumed = shlex.split(_STOPPED.sub("", part))
+        if resumed[:4] != ["attnconv", "train", "--resume", flags.get("--out")] or len(resumed) != 6 \
+                or resumed[4] != "--epochs" or not resumed[5].isdigit():  # fmt: skip
+            raise fail(f"expected 'attnconv train --resume RUN --epochs N', got {part!r}")
+        lengths.append(int(resumed[5]))
+        stops.append(int(stopped.group(1)) if stopped else None)
+    return RecordedRun(
+        preset=preset,
+        dataset=flags.get("--dataset"),
+        init=flags.get("--init"),
+        overrides=tuple(overrides),
+        lengths=tuple(lengths),
+        stops=tuple(length if stop is None else stop for length, stop in zip(lengths, stops, strict=True)),
+    )
+
+
+def recorded_config(
+    recorded: RecordedRun,
+    dataset: str | None = None,
+    overrides: Mapping[str, Any] | Sequence[str] | None = None,
+    **settings: Any,
+) -> tuple[TrainConfig, list[tuple[int, int]]]:
+    """The config of ``recorded``'s first plan and its plans ``(length, stop)``, to train the
+    run again, with ``overrides`` and ``settings`` (as ``resolve_config`` takes them) in place of
+    the recorded settings of the same keys. ``settings["epochs"]`` is the run's final length (the
+    last plan's); the recorded init is not kept (a path on the machine that trained it: give
+    ``init``). UserError when a key is given twice or the final length does not exceed the
+    epochs trained before the last re-plan."""
+    given = {key for key, _ in _override_items(overrides)} | set(settings)
+    given |= {MODEL_PREFIX + name for name in settings.get("model", {})}
+    epochs = settings.pop("epochs", None)
+    lengths, stops = list(recorded.lengths), list(recorded.stops)
+    if epochs is not None:
+        if len(lengths) > 1 and epochs <= stops[-2]:
+            raise UserError(
+                f"the recorded run trained {stops[-2]} epoch(s) before its last re-plan; its new "
+                f"length must exceed that, got epochs={epochs}"
+            )
+        lengths[-1] = stops[-1] = epochs
+        if len(lengths) == 1:
+            settings["epochs"] = epochs
+        else:
+            given.discard("epochs")  # the first plan keeps its recorded length
+    kept = [item for item in recorded.overrides if item.partition("=")[0] not in given]
+    config = resolve_config(
+        recorded.preset, dataset or recorded.dataset, [*kept, *_override_texts(overrides)],
+        **settings,
+    )  # fmt: skip
+    return config, list(zip(lengths, stops, strict=True))
+
+
+def _override_texts(overrides: Mapping[str, Any] | Sequence[str] | None) -> list[str]:
+    """``overrides`` as ``key=value`` strings (a mapping's values written by ``override_text``)."""
+    if isinstance(overrides, Mapping):
+        return [f"{key}={override_text(value)}" for key, value in overrides.items()]
+    return [str(item) for item in overrides or ()]
+
+
+def shipped_recipe(preset: str) -> RecordedRun:
+    """How the shipped weights of ``preset`` were trained: their index entry's ``run.command``
+    (``attnconv.models.pretrained``), read back. UserError for a preset that ships no weights,
+    or whose weights record no command."""
+    from attnconv.models.pretrained import pretrained_models
+
+    shipped = pretrained_models()
+    entry = shipped.get(preset)
+    if entry is None or "command" not in entry.run:
+        with_recipes = [name for name, info in shipped.items() if "command" in info.run]
+        raise UserError(
+            f"preset {preset!r} has no shipped recipe (no shipped weights record how they were "
+            f"trained); presets with one: {', '.join(with_recipes)}"
+        )
+    return read_training_command(entry.run["command"])
 
 
 def save_config(config: TrainConfig, path: str | Path) -> None:

@@ -92,8 +92,10 @@ def train(
     init_checkpoint: dict[str, Any] | None = None,
     epoch_figure: EpochFigure | None = None,
     log_interval: int = LOG_INTERVAL,
+    stop_after: int | None = None,
 ) -> dict[str, Any]:
-    """Train (or, with ``resume``, continue) the run in ``run_dir``; returns the summary dict.
+    """Train (or, with ``resume``, continue) the run in ``run_dir``; returns the summary dict
+    (empty when ``stop_after`` ended it before its last epoch).
 
     Args:
         config: the run's config. A resumed run keeps the config saved in its
@@ -114,6 +116,10 @@ def train(
             run (``attnconv.train.logger.format_step``: loss, rate, images per second, ETA); 0:
             none, only the line per epoch. A setting of this call, not of the run: a resume
             takes its own.
+        stop_after: end this call once the run has trained this many epochs in all (>= 1),
+            leaving it as an interrupted run with its checkpoint (no test, no summary), to be
+            resumed, possibly with a new length: how ``train_in_plans`` repeats a run that was
+            re-planned part-way. None, or the run's length: train to the end.
 
     Joins the ``torchrun`` process group when launched by it; the main rank holds the run
     folder's lock throughout. Raises NonFiniteLossError if training diverges
@@ -137,6 +143,8 @@ def train(
         )
     if log_interval < 0:
         raise UserError(f"log_interval must be >= 0 steps (0: no step lines), got {log_interval}")
+    if stop_after is not None and stop_after < 1:
+        raise UserError(f"stop_after must be >= 1 epoch, got {stop_after}")
     context = distributed.setup(config.device)
     try:
         with locked_run(run.root) if context.is_main else nullcontext() as lock:
@@ -150,11 +158,68 @@ def train(
                 lock=lock,
                 log_interval=log_interval,
             )
-            return trainer.fit()
+            return trainer.fit(stop_after)
     except KeyboardInterrupt as err:
         raise TrainingInterrupted(_interrupted_advice(run)) from err
     finally:
         distributed.teardown()
+
+
+def train_in_plans(
+    config: TrainConfig,
+    run_dir: str | Path,
+    plans: list[tuple[int, int]],
+    *,
+    init_checkpoint: dict[str, Any] | None = None,
+    **options: Any,
+) -> dict[str, Any]:
+    """Train ``config`` as a run that was re-planned part-way, and return its summary.
+
+    ``plans``: ``(length, stop)`` per plan, oldest first (``attnconv.train.config.RecordedRun``):
+    the run trains to epoch ``stop`` of a ``length``-epoch plan (``config.epochs`` is the first
+    length), then ``train(resume=True, epochs=next length)`` re-plans it, and so on; the last
+    plan runs to its end. A folder holding part of the run is continued from where it stands
+    (the plan it is on is the number of re-plans its checkpoint records), a finished one is left
+    alone. One plan: ``train`` (or resume) as usual. ``options``: ``train``'s keyword arguments.
+    UserError when the plans do not chain or the folder's run went past them.
+    """
+    run = RunDir(run_dir)
+    lengths, stops = [length for length, _ in plans], [stop for _, stop in plans]
+    chained = (
+        lengths[0] == config.epochs
+        and stops[-1] == lengths[-1]
+        and all(1 <= stop <= length for length, stop in plans)
+        and all(lengths[i + 1] > stops[i] for i in range(len(plans) - 1))
+    )
+    if not chained:
+        raise UserError(
+            f"plans {plans} do not chain for a {config.epochs}-epoch first plan: each stop must "
+            f"lie in [1, its length], each next length exceed the last stop, the last plan run "
+            f"to its end"
+        )
+    if len(plans) == 1:
+        if run.summary.is_file():
+            return json.loads(run.summary.read_text())
+        if run.last.is_file():
+            return train(None, run.root, resume=True, **options)
+        return train(config, run.root, init_checkpoint=init_checkpoint, **options)
+    while not run.summary.is_file():
+        if not run.last.is_file():
+            train(config, run.root, init_checkpoint=init_checkpoint, stop_after=stops[0], **options)
+            continue
+        saved = load_checkpoint(run.last, mmap=True)
+        part, trained = len(saved.get("replans", [])), int(saved["epoch"])
+        if part >= len(plans) or trained > stops[part]:
+            raise UserError(
+                f"{run.root} holds a run that went past the plans {plans} (plan {part + 1}, "
+                f"epoch {trained}); train it with attnconv train --resume {run.root} instead"
+            )
+        if trained < stops[part] or part == len(plans) - 1:  # the last: to its end, tested
+            train(None, run.root, resume=True, stop_after=stops[part], **options)
+        else:
+            train(None, run.root, resume=True, epochs=lengths[part + 1],
+                  stop_after=stops[part + 1], **options)  # fmt: skip
+    return json.loads(run.summary.read_text())
 
 
 class TrainingInterrupted(KeyboardInterrupt):
@@ -813,7 +878,8 @@ class Trainer:
         loss_sum, correct, seen = sums
         return loss_sum / seen, correct / seen
 
-    def fit(self) -> dict[str, Any]:
+    def fit(self, stop_after: int | None = None) -> dict[str, Any]:
+        """Train to the end (or to epoch ``stop_after``: see ``train``); the summary dict."""
         config, logger = self.config, self.logger
         if self.context.is_main:
             with self._writing(self.run.config):
@@ -832,8 +898,9 @@ class Trainer:
         note = size_note(config.preset, config.dataset, tuple(self.data.image_size), config.model)
         if note is not None:
             logger.print(note)
+        end = config.epochs if stop_after is None else min(stop_after, config.epochs)
         try:
-            while self.epoch < config.epochs:
+            while self.epoch < end:
                 steps_left = self.steps_per_epoch * (self.epoch + 1) - self.step
                 record = self._train_epoch()
                 trained = time.perf_counter()
@@ -877,6 +944,12 @@ class Trainer:
                 with self._writing(self.run.metrics):
                     logger.metrics(self.metrics)
                 self.between_s = time.perf_counter() - trained
+            if self.epoch < config.epochs:
+                logger.print(
+                    f"stopped after epoch {self.epoch} of {config.epochs} as asked; continue "
+                    f"with: attnconv train --resume {self.run.root}"
+                )
+                return {}
             return self._finish()
         finally:
             logger.close()
