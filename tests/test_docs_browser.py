@@ -64,9 +64,13 @@ MEASURE = """async () => {
   const links = [...main.querySelectorAll('a[href*="#"]')]
     .filter(a => a.protocol === 'file:')
     .map(a => ({file: decodeURI(a.pathname), anchor: decodeURIComponent(a.hash.slice(1))}));
+  const past = [...main.querySelectorAll('p code, li code, p mjx-container, li mjx-container')]
+    .filter(e => e.getBoundingClientRect().right > column.right + 1)
+    .map(e => e.textContent.slice(0, 40));
   return {
     blocks,
     tables,
+    past,
     links,
     formulas: main.querySelectorAll('.arithmatex').length,
     typeset: main.querySelectorAll('.arithmatex mjx-container svg').length,
@@ -170,11 +174,12 @@ def test_formulas_are_typeset(pages) -> None:
         assert pages[name]["typeset"] >= least, name
 
 
-def test_tables_fit_the_content_column_at_1300_px(pages) -> None:
+def test_tables_and_text_fit_the_content_column_at_1300_px(pages) -> None:
     assert len(pages["layers"]["tables"]) >= 1 and len(pages["theory"]["tables"]) >= 2
     for name, page in pages.items():
         for table in page["tables"]:
             assert table["overflow"] <= 1, f"{name}: table {table['head']!r} overflows"
+        assert page["past"] == [], f"{name}: inline code or a formula runs past the column"
 
 
 def test_cross_references_are_links_to_headings_that_exist(pages) -> None:
