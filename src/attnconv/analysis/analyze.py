@@ -154,7 +154,7 @@ def token_view_figures(
             "the patches held)"
         )
     else:
-        source = f"query patch {tuple(query)}"
+        source = f"query token {tuple(query)}"
         shown_row = (
             "its row, the query outlined and left out of the colour scale (the residual keeps "
             "much of each patch on itself)"
