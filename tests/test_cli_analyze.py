@@ -207,6 +207,14 @@ def test_a_transformed_checkpoint_gets_the_measures_of_its_transformed_layers(tm
     argv = [str(tmp_path / "tcnn.pt"), "--out", str(out), "--num-images", "3", "--explore-images", "2"]
     code, printed, _ = analyze(argv, capsys)
     assert code == 0
+    progress = [line for line in printed.splitlines() if line.startswith("analyze: ")]
+    assert progress == [
+        f"analyze: loading the checkpoint {tmp_path / 'tcnn.pt'}",
+        "analyze: computing the attention on 3 images (the first 3 digits test images), drawing "
+        f"the figures and writing the tables into {out}",
+        f"analyze: writing the explorer page of 2 images into {out / 'explorer'}",
+    ]
+    printed = printed[printed.index(progress[-1]) + len(progress[-1]) + 1 :]
     assert printed.startswith("tcnn-fashion-small, epoch 3: 8 transformed layers of 9 heads (8x8")
     assert "images: the first 3 digits test images" in printed and "tap score" in printed
     for name in ("contours", "gates", "distance"):
