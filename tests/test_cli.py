@@ -142,3 +142,18 @@ def test_report_of_a_run_with_broken_json_is_one_line(tmp_path, capsys):
     assert main(["report", str(run), "--out", str(tmp_path / "report")]) == 2
     err = capsys.readouterr().err
     assert "config.json: not valid JSON" in err and err.count("\n") == 1, err
+
+
+def test_a_reader_that_leaves_early_stops_the_command_quietly():
+    """`attnconv models | head -1`, the reader gone before the table is written (unbuffered, so
+    the first write meets the closed pipe): no error on stderr, the shell's status for SIGPIPE."""
+    import subprocess
+    import sys
+
+    command = [sys.executable, "-u", "-m", "attnconv", "models"]
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as process:
+        process.stdout.close()  # before the command has imported what it needs to write
+        errors = process.stderr.read().decode()
+        code = process.wait(timeout=120)
+    assert errors == ""
+    assert code == 141

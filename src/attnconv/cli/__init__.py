@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import platform
 import sys
 from importlib import metadata
@@ -122,6 +123,9 @@ def main(argv: list[str] | None = None) -> int:
         return int(args._module.run(args) or 0)
     except (UserError, FileNotFoundError) as err:
         message = str(err)
+    except BrokenPipeError:  # the reader left (`attnconv models | head`): stop quietly, as cat does
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, what a shell reports for a command the signal ended
     except OSError as err:  # permissions, read-only or full disks, ...: name the file
         message = f"{err.filename}: {os_error_reason(err)}" if err.filename else str(err)
     except KeyboardInterrupt as err:  # Ctrl-C: what was saved, if the command says (train)
