@@ -181,3 +181,37 @@ def test_the_evaluation_splits_are_fixed_bytes_and_placed_as_documented():
     assert torch.equal(other.test.images, splits.test.images)
     common = {bytes(image.numpy()) for image in splits.val.images}
     assert sum(bytes(image.numpy()) in common for image in other.val.images) >= 300
+
+
+@pytest.mark.needs_fashion_mnist
+def test_a_run_on_it_places_its_training_images_and_resumes_bit_exactly(tmp_path, monkeypatch):
+    """A tiny learned-anywhere run on 500 of its training images (200 validation): the trainer's
+    loader places them on the 32×32 canvas without a crop, and one epoch + a resume ends with the
+    weights of two."""
+    import dataclasses
+
+    from attnconv.train import loop
+    from train_helpers import QUIET
+
+    splits = load_splits("fashion-mnist-anywhere", download=False)
+    small = dataclasses.replace(
+        splits, train=splits.train.subset(torch.arange(500)), val=splits.val.subset(torch.arange(200))
+    )
+    monkeypatch.setattr(loop, "load_splits", lambda *args, **kwargs: small)
+    loaders = []
+    monkeypatch.setattr(
+        loop, "BatchLoader", lambda *a, **k: loaders.append(k) or BatchLoader(*a, **k)
+    )
+    overrides = ["model.hidden=16", "model.depth=1", "model.mlp_dim=16", "epochs=2", *QUIET]
+    config = resolve_config("learned-anywhere", overrides=overrides)
+    loop.train(config, tmp_path / "whole")
+    loop.train(config, tmp_path / "resumed", stop_after=1)
+    loop.train(None, tmp_path / "resumed", resume=True)
+    whole = torch.load(tmp_path / "whole" / "checkpoints" / "last.pt", weights_only=True)
+    resumed = torch.load(tmp_path / "resumed" / "checkpoints" / "last.pt", weights_only=True)
+    assert whole["step"] == resumed["step"] == 10  # 500 images, batch 100, 2 epochs
+    for key, value in whole["model"].items():
+        assert torch.equal(value, resumed["model"][key]), key
+    train_loader = loaders[0]  # the first the trainer built is its training loader
+    assert train_loader["train"] and train_loader["placement"] == Placement()
+    assert train_loader["pad"] == 0

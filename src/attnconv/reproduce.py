@@ -52,6 +52,15 @@ EXPERIMENTS: dict[str, tuple[str, ...]] = {
         "resnet-fashion",
         "vit-fashion",
     ),
+    # the same models where the garments move (attnconv.data.anywhere); no weights ship yet, so
+    # its runs take --recipe presets
+    "fashion-mnist-anywhere": (
+        "quadratic-anywhere",
+        "learned-anywhere",
+        "learned-content-anywhere",
+        "resnet-anywhere-small",
+        "vit-anywhere",
+    ),
 }
 # Simple baselines a reviewer asks for beside the experiment's table: (model, test accuracy,
 # source). Not trained by attnconv; the figures are the sources' own.
@@ -152,7 +161,11 @@ def run_plan(
     if precision is not None:
         settings["precision"] = precision
     if recipe == "shipped":
-        return recorded_config(shipped_recipe(preset), experiment, **settings)
+        try:
+            recorded = shipped_recipe(preset)
+        except UserError as err:
+            raise UserError(f"{err}; train it with --recipe presets") from err
+        return recorded_config(recorded, experiment, **settings)
     config = resolve_config(preset, experiment, **{"precision": "auto", **settings})
     return config, [(config.epochs, config.epochs)]
 

@@ -14,7 +14,9 @@ from attnconv.reproduce import (  # a light module: its heavy imports are in fun
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("experiment", choices=tuple(EXPERIMENTS), help="the dataset")
-    parser.add_argument("--out", default="reproduce-fashion-mnist", help="the experiment folder")
+    parser.add_argument(
+        "--out", help="the experiment folder (default: reproduce-EXPERIMENT, e.g. reproduce-fashion-mnist)"
+    )
     parser.add_argument(
         "--presets",
         nargs="+",
@@ -57,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
 
     run_experiment(
         args.experiment,
-        args.out,
+        args.out or f"reproduce-{args.experiment}",
         presets=args.presets,
         precision=args.precision,
         data_dir=args.data_dir,
