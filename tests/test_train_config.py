@@ -275,7 +275,7 @@ def test_a_recorded_command_reads_back_into_its_plans() -> None:
     assert (recorded.preset, recorded.dataset, recorded.init) == ("quick", None, None)
     assert recorded.overrides == ("epochs=6", "lr=0.03")
     assert recorded.plans == [(6, 4), (10, 10), (14, 14)]
-    assert recorded.replans == [[6, 4], [10, 10]]
+    assert training_command(extended, [[6, 4], [10, 10]]) == command  # what it was read from
     first, plans = recorded_config(recorded)
     assert first == planned and plans == recorded.plans
     # given settings replace the recorded ones; epochs is the final length

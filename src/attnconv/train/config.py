@@ -420,7 +420,7 @@ class RecordedRun:
     the preset's); ``lengths``: the run's length in epochs in each plan, oldest first (one per
     ``--resume RUN --epochs N`` after the first); ``stops``: the epochs trained when each plan
     ended (the plan's length but where the record says ``(stopped after epoch T)``; the last
-    plan ran to its end). ``replans`` is what ``training_command`` takes back.
+    plan ran to its end).
     """
 
     preset: str
@@ -435,11 +435,6 @@ class RecordedRun:
         """``(length, stop)`` per plan, oldest first, as ``attnconv.train.loop.train_in_plans``
         takes them."""
         return list(zip(self.lengths, self.stops, strict=True))
-
-    @property
-    def replans(self) -> list[list[int]]:
-        """``[[the length before a re-plan, the epochs trained then], ...]``, oldest first."""
-        return [[length, stop] for length, stop in zip(self.lengths, self.stops[:-1], strict=False)]
 
 
 _STOPPED = re.compile(r"\(stopped after epoch (\d+)\)")
@@ -512,15 +507,15 @@ def recorded_config(
     given = {key for key, _ in _override_items(overrides)} | set(settings)
     given |= {MODEL_PREFIX + name for name in settings.get("model", {})}
     epochs = settings.pop("epochs", None)
-    lengths, stops = list(recorded.lengths), list(recorded.stops)
+    plans = recorded.plans
     if epochs is not None:
-        if len(lengths) > 1 and epochs <= stops[-2]:
+        if len(plans) > 1 and epochs <= plans[-2][1]:
             raise UserError(
-                f"the recorded run trained {stops[-2]} epoch(s) before its last re-plan; its new "
-                f"length must exceed that, got epochs={epochs}"
+                f"the recorded run trained {plans[-2][1]} epoch(s) before its last re-plan; its "
+                f"new length must exceed that, got epochs={epochs}"
             )
-        lengths[-1] = stops[-1] = epochs
-        if len(lengths) == 1:
+        plans[-1] = (epochs, epochs)
+        if len(plans) == 1:
             settings["epochs"] = epochs
         else:
             given.discard("epochs")  # the first plan keeps its recorded length
@@ -529,7 +524,7 @@ def recorded_config(
         recorded.preset, dataset or recorded.dataset, [*kept, *_override_texts(overrides)],
         **settings,
     )  # fmt: skip
-    return config, list(zip(lengths, stops, strict=True))
+    return config, plans
 
 
 def _override_texts(overrides: Mapping[str, Any] | Sequence[str] | None) -> list[str]:
