@@ -2,6 +2,7 @@
 independent SGD loop, reproducibility, SIGKILL + resume, two-process DDP, divergence, pruning
 fine-tune, `attnconv eval`, and one-line errors for bad input."""
 
+import dataclasses
 import json
 import math
 import os
@@ -662,6 +663,9 @@ def test_train_in_plans_repeats_a_run_stopped_and_resumed_to_a_new_length(tmp_pa
     assert any(not torch.equal(straight[k], v) for k, v in weights(tmp_path / "planned").items())
     # a folder part-way through is continued: a run stopped after epoch 1 goes on to the end
     train(config, tmp_path / "part", stop_after=1)
+    other = dataclasses.replace(config, lr=0.5)
+    with pytest.raises(UserError, match=r"holds another run \(its config differs in lr\)"):
+        loop.train_in_plans(other, tmp_path / "part", [(2, 1), (3, 3)])
     assert loop.train_in_plans(config, tmp_path / "part", [(2, 1), (3, 3)])["replans"] == [[2, 1]]
     assert_same_weights(weights(tmp_path / "part"), weights(tmp_path / "planned"))
     with pytest.raises(UserError, match=r"plans \[\(2, 2\), \(2, 2\)\] do not chain"):

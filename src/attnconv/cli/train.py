@@ -35,8 +35,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--recipe", choices=RECIPES, default="preset",
         help="preset (the default): the preset's recipe; shipped: the recipe the preset's "
         "shipped weights were trained with, as their index entry records it (its settings, and "
-        "its re-plans: a run stopped and resumed to a new length is trained the same way); "
-        "flags and key=value overrides replace the recorded settings of the same keys",
+        "its re-plans: a run stopped and resumed to a new length is trained the same way, and "
+        "the same command with the same --out continues it if interrupted); flags and "
+        "key=value overrides replace the recorded settings of the same keys",
     )
     parser.add_argument("--dataset", help="cifar10, cifar100, fashion-mnist, digits or "
                         "fashion-mnist-anywhere (default: the preset's, or with --init the "
@@ -140,13 +141,7 @@ def run(args: argparse.Namespace) -> int:
         stamp = time.strftime("%Y%m%d-%H%M%S")
         run_dir = Path(args.out or Path("runs") / f"{config.preset}-{config.dataset}-{stamp}")
     try:
-        if plans is not None and len(plans) > 1:
-            # a fresh folder: train_in_plans would resume one that holds a run, train does not
-            if RunDir(run_dir).last.exists():
-                raise UsageError(
-                    f"{run_dir} already holds a run; continue it with --resume {run_dir} or "
-                    f"give another --out"
-                )
+        if plans is not None and len(plans) > 1:  # the same command continues it part-way
             train_in_plans(config, run_dir, plans, init_checkpoint=init,
                            epoch_figure=attention_figure, log_interval=args.log_interval)  # fmt: skip
         else:

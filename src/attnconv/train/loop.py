@@ -68,7 +68,13 @@ from attnconv.runs import (
 )
 from attnconv.train import distributed
 from attnconv.train.checkpoint import rng_state, set_rng_state
-from attnconv.train.config import TrainConfig, extended_config, save_config, training_command
+from attnconv.train.config import (
+    BOOKKEEPING_KEYS,
+    TrainConfig,
+    extended_config,
+    save_config,
+    training_command,
+)
 from attnconv.train.logger import EpochFigure, RunLogger, format_step
 from attnconv.train.schedule import LRSchedule, build_schedule
 
@@ -181,7 +187,9 @@ def train_in_plans(
     plan runs to its end. A folder holding part of the run is continued from where it stands
     (the plan it is on is the number of re-plans its checkpoint records), a finished one is left
     alone. One plan: ``train`` (or resume) as usual. ``options``: ``train``'s keyword arguments.
-    UserError when the plans do not chain or the folder's run went past them.
+    UserError when the plans do not chain, or the folder holds another run (with several plans:
+    its saved config is not ``config``, where it writes and reports aside) or one that went past
+    them.
     """
     run = RunDir(run_dir)
     lengths, stops = [length for length, _ in plans], [stop for _, stop in plans]
@@ -208,6 +216,7 @@ def train_in_plans(
             train(config, run.root, init_checkpoint=init_checkpoint, stop_after=stops[0], **options)
             continue
         saved = load_checkpoint(run.last, mmap=True)
+        _check_same_run(run, TrainConfig.from_dict(saved["config"]), config)
         part, trained = len(saved.get("replans", [])), int(saved["epoch"])
         if part >= len(plans) or trained > stops[part]:
             raise UserError(
@@ -220,6 +229,23 @@ def train_in_plans(
             train(None, run.root, resume=True, epochs=lengths[part + 1],
                   stop_after=stops[part + 1], **options)  # fmt: skip
     return json.loads(run.summary.read_text())
+
+
+def _check_same_run(run: RunDir, saved: TrainConfig, config: TrainConfig) -> None:
+    """UserError unless ``saved`` (a checkpoint's) is ``config`` but for its length and milestones
+    (re-plans change them), where the run writes and reports, and an ``auto`` precision that
+    the run resolved."""
+    mine = {"epochs": saved.epochs, "milestones": saved.milestones}
+    mine.update({key: getattr(saved, key) for key in BOOKKEEPING_KEYS})
+    if config.precision == "auto":
+        mine["precision"] = "auto"
+    differ = [k for k, v in dataclasses.asdict(dataclasses.replace(config, **mine)).items()
+              if dataclasses.asdict(saved)[k] != v]  # fmt: skip
+    if differ:
+        raise UserError(
+            f"{run.root} holds another run (its config differs in {', '.join(differ)}); give "
+            f"another folder, or continue that run with attnconv train --resume {run.root}"
+        )
 
 
 class TrainingInterrupted(KeyboardInterrupt):
