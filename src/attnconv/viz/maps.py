@@ -238,16 +238,7 @@ def map_grid_figure(
             peak = float(values.max())
             vmin, vmax = shared if scale == "shared" else (0.0, peak if peak > 0 else 1.0)
             ax.imshow(values, cmap=MAP_CMAP, vmin=vmin, vmax=vmax, interpolation="nearest")
-            ax.add_patch(
-                Rectangle(
-                    (query[1] - 0.5, query[0] - 0.5),
-                    1,
-                    1,
-                    fill=False,
-                    edgecolor="white",
-                    linewidth=1.2,
-                )
-            )
+            outline_token(ax, query, 1, "white", 1.2)
             ax.set_xlim(*col_limits)
             ax.set_ylim(row_limits[1], row_limits[0])
             # under the map, in dark text on the figure's white: readable whatever the colours
@@ -310,6 +301,21 @@ def _colorbar(fig: Figure, axes: list, scale: str, shared: tuple[float, float], 
     return bar
 
 
+def outline_token(ax, query: tuple[int, int], stem: int, color: str, linewidth: float) -> None:
+    """Outline on ``ax`` the ``stem × stem`` pixels of token ``query`` (row, column), in a plot
+    whose axes count pixels (``stem = 1``: a plot of tokens)."""
+    ax.add_patch(
+        Rectangle(
+            (query[1] * stem - 0.5, query[0] * stem - 0.5),
+            stem,
+            stem,
+            fill=False,
+            edgecolor=color,
+            linewidth=linewidth,
+        )
+    )
+
+
 def _draw_image(ax, image: Tensor, query: tuple[int, int], stem: int) -> None:
     """The input image with the input pixels of the query token outlined."""
     pixels = image.detach().float().cpu().clamp(0, 1)
@@ -320,16 +326,7 @@ def _draw_image(ax, image: Tensor, query: tuple[int, int], stem: int) -> None:
         ax.imshow(array[:, :, 0], cmap="gray", vmin=0, vmax=1, interpolation="nearest")
     else:
         ax.imshow(array, interpolation="nearest")
-    ax.add_patch(
-        Rectangle(
-            (query[1] * stem - 0.5, query[0] * stem - 0.5),
-            stem,
-            stem,
-            fill=False,
-            edgecolor="#EE7733",
-            linewidth=1.5,
-        )
-    )
+    outline_token(ax, query, stem, "#EE7733", 1.5)
     ax.set_xticks([])
     ax.set_yticks([])
     ax.set_title("image", fontsize=9)

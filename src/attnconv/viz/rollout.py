@@ -13,10 +13,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from matplotlib.figure import Figure
-from matplotlib.patches import Rectangle
 from torch import Tensor
 
-from attnconv.viz.maps import _colorbar, format_probability, uniform_multiple
+from attnconv.viz.maps import _colorbar, format_probability, outline_token, uniform_multiple
 from attnconv.viz.style import MAP_CMAP, new_figure, panel_grid, wrap_text
 
 # Opacity of a map drawn over its image.
@@ -76,16 +75,7 @@ def draw_overlay(
     others = values if query is None else _without(values, query)
     peak = float(others.max())
     if query is not None:
-        ax.add_patch(
-            Rectangle(
-                (query[1] * stem - 0.5, query[0] * stem - 0.5),
-                stem,
-                stem,
-                fill=False,
-                edgecolor="white",
-                linewidth=1.2,
-            )
-        )
+        outline_token(ax, query, stem, "white", 1.2)
     ax.set_xlabel(
         f"max{'' if query is None else ' elsewhere'} {format_probability(peak)} = "
         f"{uniform_multiple(peak, tokens)}",
