@@ -40,7 +40,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "analyze": (
         "attnconv.cli.analyze",
-        "attention distance, grid score, maps and explorer of any vision transformer (timm, torchvision, attnconv)",
+        "attention distance, grid score, maps, rollout and explorer of any vision transformer (timm, torchvision, attnconv)",
     ),
     "explore": (
         "attnconv.cli.explore",
