@@ -241,13 +241,7 @@ def map_grid_figure(
             outline_token(ax, query, 1, "white", 1.2)
             ax.set_xlim(*col_limits)
             ax.set_ylim(row_limits[1], row_limits[0])
-            # under the map, in dark text on the figure's white: readable whatever the colours
-            ax.set_xlabel(
-                f"max {format_probability(peak)} = {uniform_multiple(peak, tokens)}",
-                fontsize=6.5,
-                color="0.15",
-                labelpad=1.5,
-            )
+            label_peak(ax, "max", peak, tokens)
             ax.set_xticks([])
             ax.set_yticks([])
             if layer == 0:
@@ -299,6 +293,18 @@ def _colorbar(fig: Figure, axes: list, scale: str, shared: tuple[float, float], 
         bar.set_label("probability, 0 to each map's maximum", fontsize=8)
     bar.ax.tick_params(labelsize=7)
     return bar
+
+
+def label_peak(ax, what: str, peak: float, tokens: int) -> None:
+    """``WHAT p = k× uniform`` under a map of ``tokens`` tokens whose largest probability (of
+    what ``what`` names) is ``peak``: dark text on the figure's white, readable whatever the
+    map's colours."""
+    ax.set_xlabel(
+        f"{what} {format_probability(peak)} = {uniform_multiple(peak, tokens)}",
+        fontsize=6.5,
+        color="0.15",
+        labelpad=1.5,
+    )
 
 
 def outline_token(ax, query: tuple[int, int], stem: int, color: str, linewidth: float) -> None:

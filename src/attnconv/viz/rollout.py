@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from matplotlib.figure import Figure
 from torch import Tensor
 
-from attnconv.viz.maps import _colorbar, format_probability, outline_token, uniform_multiple
+from attnconv.viz.maps import _colorbar, label_peak, outline_token
 from attnconv.viz.style import MAP_CMAP, new_figure, panel_grid, wrap_text
 
 # Opacity of a map drawn over its image.
@@ -76,13 +76,7 @@ def draw_overlay(
     peak = float(others.max())
     if query is not None:
         outline_token(ax, query, stem, "white", 1.2)
-    ax.set_xlabel(
-        f"max{'' if query is None else ' elsewhere'} {format_probability(peak)} = "
-        f"{uniform_multiple(peak, tokens)}",
-        fontsize=6.5,
-        color="0.15",
-        labelpad=1.5,
-    )
+    label_peak(ax, "max" if query is None else "max elsewhere", peak, tokens)
     ax.set_xticks([])
     ax.set_yticks([])
 
