@@ -333,6 +333,24 @@ def test_sigkill_mid_epoch_then_resume_is_exact(tmp_path) -> None:
             assert record_a[key] == record_b[key], key
 
 
+def test_a_one_process_torchrun_launch_trains_under_ddp_and_matches_a_plain_run(tmp_path) -> None:
+    """torchrun with one process joins a process group of one (NCCL on a GPU, gloo here) and wraps
+    the model in DDP, so a one-GPU launch smoke-tests the distributed path; its all-reduce over
+    one rank leaves the gradients, hence the weights, those of a plain run."""
+    args = ["--preset", "quick", "--epochs", "1", *TINY, *NO_DROPOUT, *QUIET]
+    plain = run_cli("train", "--out", str(tmp_path / "plain"), *args)
+    assert plain.returncode == 0, plain.stderr
+    assert "DDP" not in plain.stdout + plain.stderr
+    launched = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1",
+         "-m", "attnconv", "train", "--out", str(tmp_path / "launched"), *args],
+        env=ENV, capture_output=True, text=True, timeout=300,
+    )
+    assert launched.returncode == 0, launched.stderr
+    assert "device cpu x1 (DDP, gloo)" in launched.stdout + launched.stderr
+    assert_same_weights(weights(tmp_path / "launched"), weights(tmp_path / "plain"), atol=1e-6)
+
+
 def test_two_gloo_processes_match_one_process(tmp_path) -> None:
     args = ["--preset", "quick", "--epochs", "1", *TINY, *NO_DROPOUT, *QUIET]
     single = run_cli("train", "--out", str(tmp_path / "one"), *args)

@@ -1,8 +1,10 @@
 """Process-group set-up for ``torchrun`` launches, and the device each process trains on.
 
 ``torchrun --nproc_per_node N -m attnconv train ...`` starts N processes with ``RANK``,
-``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT`` in their environment; a plain
-``attnconv train`` has none of them and runs as the single rank 0 of 1.
+``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT`` in their environment; each
+joins the process group and trains under DistributedDataParallel, N = 1 included (a one-GPU
+``torchrun`` is a DDP job of one rank, as in nanoGPT: the way to smoke-test NCCL on one GPU). A
+plain ``attnconv train`` has none of them and runs as the single rank 0 of 1, without a group.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ class Context:
     world_size: int
     local_rank: int
     device: torch.device
+    launched: bool = False
+    """True when ``torchrun`` started this process (``RANK`` in the environment)."""
 
     @property
     def is_main(self) -> bool:
@@ -32,7 +36,8 @@ class Context:
 
     @property
     def distributed(self) -> bool:
-        return self.world_size > 1
+        """True in a process group (every ``torchrun`` launch): the model trains under DDP."""
+        return self.launched or self.world_size > 1
 
 
 def select_device(name: str, local_rank: int = 0) -> torch.device:
@@ -58,15 +63,17 @@ def setup(device: str = "auto") -> Context:
     Backend: NCCL when the device is a GPU, gloo on the CPU. Every rank of a job must ask for the
     same kind of device.
     """
+    launched = "RANK" in os.environ
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     chosen = select_device(device, local_rank)
-    if world_size > 1 and not dist.is_initialized():
+    if (launched or world_size > 1) and not dist.is_initialized():
         if chosen.type == "cuda":
             torch.cuda.set_device(chosen)
         dist.init_process_group(backend="nccl" if chosen.type == "cuda" else "gloo")
-    return Context(rank=rank, world_size=world_size, local_rank=local_rank, device=chosen)
+    return Context(rank=rank, world_size=world_size, local_rank=local_rank, device=chosen,
+                   launched=launched)
 
 
 def teardown() -> None:

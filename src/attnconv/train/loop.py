@@ -915,7 +915,9 @@ class Trainer:
         logger.print(
             f"{config.preset} on {config.dataset}: {count_parameters(self.model):,} parameters, "
             f"{self.steps_per_epoch} steps/epoch of {config.batch_size} images, device "
-            f"{self.device} x{self.context.world_size}, precision {config.precision}"
+            f"{self.device} x{self.context.world_size}"
+            + (f" (DDP, {dist.get_backend()})" if self.context.distributed else "")
+            + f", precision {config.precision}"
             + (" (auto)" if self.requested_precision == "auto" else "")
             + (f"; resuming at epoch {self.epoch + 1}, step {self.step}" if self.step else "")
         )
