@@ -4,12 +4,12 @@ fonts, and saving to PNG and PDF."""
 from __future__ import annotations
 
 import math
-import textwrap
 from pathlib import Path
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.colors import to_rgb
 from matplotlib.figure import Figure
+from matplotlib.font_manager import FontProperties
 
 # Paul Tol's "muted" qualitative scheme: nine colours distinguishable under the common forms of
 # colour blindness (Paul Tol's notes on colour schemes). Head h gets HEAD_COLORS[h % 9]; figures also
@@ -40,6 +40,8 @@ QUERY_MARKER = {
 }
 # Smallest contrast ratio of text on its background (WCAG 2 level AA for normal text).
 MIN_CONTRAST = 4.5
+# Share of a figure's width left free on each side of a title (``wrap_text``).
+TEXT_MARGIN = 0.02
 # Most panels side by side in a figure of one panel per layer.
 MAX_COLUMNS = 4
 
@@ -99,10 +101,27 @@ def panel_axes(fig: Figure, count: int) -> list:
 
 
 def wrap_text(text: str, fig: Figure, fontsize: float) -> str:
-    """``text`` broken into lines that fit the width of ``fig`` at ``fontsize`` points (an
-    average character is taken as 0.55 em wide)."""
-    width_pt = fig.get_figwidth() * 72
-    return textwrap.fill(text, width=max(20, int(width_pt / (0.55 * fontsize)) - 4))
+    """``text`` broken at spaces into lines that fit the width of ``fig`` at ``fontsize`` points,
+    less ``TEXT_MARGIN`` of it on each side, each line measured with the figure's renderer; the
+    line breaks ``text`` already has are kept. A single word wider than that stays whole."""
+    renderer = fig.canvas.get_renderer()
+    font = FontProperties(size=fontsize)
+    room = fig.bbox.width * (1 - 2 * TEXT_MARGIN)
+
+    def fits(line: str) -> bool:
+        return renderer.get_text_width_height_descent(line, font, ismath=False)[0] <= room
+
+    lines: list[str] = []
+    for paragraph in text.split("\n"):
+        line = ""
+        for word in paragraph.split():
+            if line and not fits(f"{line} {word}"):
+                lines.append(line)
+                line = word
+            else:
+                line = f"{line} {word}" if line else word
+        lines.append(line)
+    return "\n".join(lines)
 
 
 def new_figure(width: float, height: float) -> Figure:
