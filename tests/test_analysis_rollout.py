@@ -12,9 +12,8 @@ from attnconv.analysis.measures import measure_patch_attention
 from attnconv.analysis.rollout import attention_rollout, own_model_views
 from attnconv.analysis.third_party import import_timm
 from attnconv.models import create_model
-from attnconv.viz.maps import compute_attention
+from attnconv.viz.maps import FLOOR, compute_attention
 from attnconv.viz.rollout import (
-    FLOOR,
     class_token_figure,
     colour_top,
     rollout_figure,

@@ -10,6 +10,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from attnconv import MultiHeadSelfAttention2d
 from attnconv.errors import UserError
 from attnconv.viz.maps import (
+    FLOOR,
     AttentionMaps,
     attention_layers,
     compute_attention,
@@ -173,12 +174,77 @@ def test_map_captions_give_the_maximum_and_its_multiple_of_uniform_in_dark_text(
             label = ax.xaxis.label
             assert label.get_window_extent().y1 <= ax.get_window_extent().y0
             assert contrast_ratio(label.get_color(), fig.get_facecolor()) >= MIN_CONTRAST
-            # per-map scale: from 0 to the map's own maximum
-            assert ax.images[0].get_clim() == pytest.approx((0.0, peak))
+            # per-map scale: from 0 to the map's own maximum, at least FLOOR/N
+            assert ax.images[0].get_clim() == pytest.approx((0.0, max(peak, FLOOR / 100)))
     assert fig.axes[1].get_xlabel().endswith("= 1.0/N")  # the near-uniform head says so
     bar = fig.axes[-1]
-    assert [t.get_text() for t in bar.get_yticklabels()] == ["0", "max"]
-    assert "1/N = 0.0100" in fig.get_suptitle()
+    assert [t.get_text() for t in bar.get_yticklabels()] == ["0", "max\n(≥ 4/N)"]
+    assert "1/N = 0.0100" in " ".join(fig.get_suptitle().split())
+
+
+def test_near_uniform_maps_stay_in_the_dark_colours_of_every_scale():
+    maps = sharp_and_flat()
+    query = (5, 5)
+    sharp, flat = (float(m.max()) for m in maps.query_maps(query)[0])
+    assert flat * 100 < 1.3 < FLOOR < sharp * 100
+    for scale in ("map", "shared"):
+        fig = map_grid_figure(maps, query=query, scale=scale)
+        image = fig.axes[1].images[0]
+        assert image.get_clim()[1] >= FLOOR / 100
+        # its brightest token takes at most 1.3/FLOOR of the colour scale, not its top
+        assert float(image.norm(flat)) <= 1.3 / FLOOR
+        title = " ".join(fig.get_suptitle().split())
+        assert f"at least {FLOOR:g}/N so that near-uniform maps stay dark" in title
+    # a peaked map's own scale still reaches its maximum
+    assert map_grid_figure(maps, query=query).axes[0].images[0].get_clim()[1] == sharp
+
+
+def test_a_windowed_map_gives_the_maximum_of_the_window():
+    # head 0's largest value lies outside the window around the query, head 1's inside it
+    values = torch.full((2, 10, 10), 0.5 / 96)
+    values[0, 0, 0], values[0, 5, 6] = 0.3, 0.2
+    values[1, 5, 4], values[1, 9, 9] = 0.4, 0.1
+    values[:, 5, 5] = 0.0
+    probs = torch.zeros(2, 100, 100)
+    probs[:, 55] = values.reshape(2, 100)
+    maps = AttentionMaps([probs], (10, 10), "made up")
+    fig = map_grid_figure(maps, query=(5, 5), window=2)
+    for ax, peak in zip(fig.axes[:2], (0.2, 0.4), strict=True):
+        match = re.fullmatch(r"window max (\S+) = (\S+)/N", ax.get_xlabel())
+        assert match, ax.get_xlabel()
+        assert float(match.group(1)) == pytest.approx(peak)
+        assert ax.images[0].get_clim() == pytest.approx((0.0, peak))
+    shared = map_grid_figure(maps, query=(5, 5), window=2, scale="shared")
+    assert shared.axes[0].images[0].get_clim() == pytest.approx((0.0, 0.4))
+    assert "window ±2 tokens" in " ".join(shared.get_suptitle().split())
+    whole = map_grid_figure(maps, query=(5, 5))
+    assert whole.axes[0].get_xlabel().startswith("max 0.300 ")
+
+
+def inside(box, frame) -> bool:
+    return frame.x0 <= box.x0 and box.x1 <= frame.x1 and frame.y0 <= box.y0 and box.y1 <= frame.y1
+
+
+@pytest.mark.parametrize("heads", [1, 3, 4, 9, 12])
+def test_titles_and_labels_fit_inside_the_figure_for_any_head_count(heads):
+    generator = torch.Generator().manual_seed(heads)
+    probs = [torch.softmax(torch.randn(heads, 196, 196, generator=generator), -1)] * 2
+    # analyze's maps of a ViT: an image column and a long description
+    maps = AttentionMaps(probs, (14, 14), "test 0: Ankle boot, class token excluded", stem=16)
+    for image in (torch.rand(3, 224, 224), None):
+        fig = map_grid_figure(maps, image=image)
+        FigureCanvasAgg(fig).draw()
+        frame = fig.bbox
+        (title,) = [t for t in fig.texts if t.get_text() == fig.get_suptitle()]
+        assert title.get_text().count("\n") >= 1
+        assert inside(title.get_window_extent(), frame), (heads, title.get_window_extent())
+        bar = fig.axes[-1]
+        for ax in fig.axes:
+            texts = [ax.title, ax.xaxis.label, ax.yaxis.label]
+            texts += bar.get_yticklabels() if ax is bar else []
+            for text in texts:
+                if text.get_text():
+                    assert inside(text.get_window_extent(), frame), (heads, text.get_text())
 
 
 def test_shared_scale_is_one_colour_scale_with_the_uniform_level_on_its_bar():
@@ -186,6 +252,7 @@ def test_shared_scale_is_one_colour_scale_with_the_uniform_level_on_its_bar():
     query = (5, 5)
     fig = map_grid_figure(maps, query=query, scale="shared")
     top = max(float(m.max()) for m in maps.query_maps(query))
+    assert top > FLOOR / 100  # the sharp head's peak, above the floor
     for ax in fig.axes[:4]:
         assert ax.images[0].get_clim() == pytest.approx((0.0, top))
     bar = fig.axes[-1]

@@ -20,7 +20,7 @@ from torch import Tensor, nn
 from attnconv.attention import MultiHeadSelfAttention2d
 from attnconv.errors import UserError
 from attnconv.models.modes import evaluating
-from attnconv.viz.style import MAP_CMAP, new_figure
+from attnconv.viz.style import MAP_CMAP, new_figure, wrap_text
 
 # Images per forward when averaging a content model's attention over many images.
 CHUNK = 8
@@ -172,6 +172,15 @@ def window_limits(center: int, radius: int | None, size: int) -> tuple[float, fl
 
 
 SCALES: tuple[str, ...] = ("map", "shared")
+# A colour scale reaches at least this multiple of the uniform level 1/N: a near-uniform map
+# (maximum about 1/N) stays in the scale's lower colours instead of taking its brightest.
+FLOOR = 4.0
+
+
+def scale_top(peak: float, tokens: int) -> float:
+    """Top of a colour scale for maps of ``tokens`` tokens whose largest value is ``peak``:
+    ``peak``, at least ``FLOOR / tokens``."""
+    return max(peak, FLOOR / tokens)
 
 
 def format_probability(value: float) -> str:
@@ -196,13 +205,15 @@ def map_grid_figure(
 ) -> Figure:
     """Layer × head grid of attention maps for one query token, with a colour bar.
 
-    ``scale="map"``: each map on its own colour scale from 0 to its maximum, printed under it
-    (``format_probability``) with its multiple of the uniform level ``1/N`` (``N`` key tokens), so
-    that a near-uniform map, bright under its own scale, reads as ``max … = 1.1/N``.
-    ``scale="shared"``: one scale from 0 to the largest value of all maps; the colour bar marks
-    ``1/N``. The query token is outlined. ``window`` zooms every map to the tokens within
-    ``window`` rows and columns of the query. ``image`` (``(C, H, W)`` in ``[0, 1]``) is drawn in
-    an extra first column with the query's pixels outlined.
+    ``scale="map"``: each map on its own colour scale from 0 to its maximum but at least
+    ``FLOOR/N`` (``colour_top``; ``N`` key tokens), so that a near-uniform map stays dark instead
+    of taking the brightest colours; its maximum is printed under it (``format_probability``)
+    with its multiple of the uniform level ``1/N``. ``scale="shared"``: one scale from 0 to the
+    largest value of all maps, at least ``FLOOR/N``; the colour bar marks ``1/N``. The query
+    token is outlined. ``window`` zooms every map to the tokens within ``window`` rows and
+    columns of the query (``±window``); the maximum printed and the colour scales are then those
+    of the tokens shown. ``image`` (``(C, H, W)`` in ``[0, 1]``) is drawn in an extra first
+    column with the query's pixels outlined. The title is wrapped to the figure's width.
     """
     query = default_query(maps.grid) if query is None else query
     query_index(query, maps.grid)
@@ -219,8 +230,11 @@ def map_grid_figure(
     tokens = h * w
     row_limits = window_limits(query[0], window, h)
     col_limits = window_limits(query[1], window, w)
-    top = max(float(m.max()) for m in per_layer)
-    shared = (0.0, top if top > 0 else 1.0)
+    shown = (
+        slice(int(row_limits[0] + 0.5), int(row_limits[1] + 0.5)),
+        slice(int(col_limits[0] + 0.5), int(col_limits[1] + 0.5)),
+    )
+    shared = (0.0, scale_top(max(float(m[:, shown[0], shown[1]].max()) for m in per_layer), tokens))
     map_axes = []
     for layer, layer_maps in enumerate(per_layer):
         first = int(image is not None)
@@ -235,13 +249,13 @@ def map_grid_figure(
                 continue
             map_axes.append(ax)
             values = layer_maps[head].numpy()
-            peak = float(values.max())
-            vmin, vmax = shared if scale == "shared" else (0.0, peak if peak > 0 else 1.0)
+            peak = float(values[shown].max())
+            vmin, vmax = shared if scale == "shared" else (0.0, scale_top(peak, tokens))
             ax.imshow(values, cmap=MAP_CMAP, vmin=vmin, vmax=vmax, interpolation="nearest")
             outline_token(ax, query, 1, "white", 1.2)
             ax.set_xlim(*col_limits)
             ax.set_ylim(row_limits[1], row_limits[0])
-            label_peak(ax, "max", peak, tokens)
+            label_peak(ax, "max" if window is None else "window max", peak, tokens)
             ax.set_xticks([])
             ax.set_yticks([])
             if layer == 0:
@@ -249,17 +263,22 @@ def map_grid_figure(
             if head == 0:
                 ax.set_ylabel(f"layer {layer}", fontsize=9)
     _colorbar(fig, map_axes, scale, shared, tokens)
-    zoom = "" if window is None else f", window ±{window}"
+    zoom = "" if window is None else f", window ±{window} tokens"
+    floor = f"at least {FLOOR:g}/N so that near-uniform maps stay dark"
     colours = (
-        "colour: one scale for all maps"
+        f"colour: one scale for all maps, 0 to their largest value ({floor})"
         if scale == "shared"
-        else "colour: 0 to each map's maximum, printed under it"
+        else f"colour: 0 to each map's maximum ({floor}), printed under it"
     )
     fig.suptitle(
-        title
-        or f"Attention from query token {tuple(query)} ({maps.description}{zoom})\n"
-        f"{colours}; uniform attention is 1/N = {format_probability(1 / tokens)} "
-        f"on each of the N = {tokens} tokens",
+        wrap_text(
+            title
+            or f"Attention from query token {tuple(query)} ({maps.description}{zoom})\n"
+            f"{colours}; uniform attention is 1/N = {format_probability(1 / tokens)} "
+            f"on each of the N = {tokens} tokens",
+            fig,
+            10,
+        ),
         fontsize=10,
     )
     return fig
@@ -267,7 +286,7 @@ def map_grid_figure(
 
 def _colorbar(fig: Figure, axes: list, scale: str, shared: tuple[float, float], tokens: int):
     """The colour bar beside the maps: probabilities on the shared scale with ``1/N`` marked, or
-    0 to "max" for per-map scales."""
+    0 to "max" for per-map scales (their top at least ``FLOOR/N``)."""
     if scale == "shared":
         mappable = ScalarMappable(Normalize(*shared), cmap=MAP_CMAP)
         bar = fig.colorbar(mappable, ax=axes, shrink=0.8, aspect=30, pad=0.01)
@@ -289,8 +308,8 @@ def _colorbar(fig: Figure, axes: list, scale: str, shared: tuple[float, float], 
     else:
         mappable = ScalarMappable(Normalize(0.0, 1.0), cmap=MAP_CMAP)
         bar = fig.colorbar(mappable, ax=axes, shrink=0.8, aspect=30, pad=0.01)
-        bar.set_ticks([0.0, 1.0], labels=["0", "max"])
-        bar.set_label("probability, 0 to each map's maximum", fontsize=8)
+        bar.set_ticks([0.0, 1.0], labels=["0", f"max\n(≥ {FLOOR:g}/N)"])
+        bar.set_label("probability, each map's own scale", fontsize=8)
     bar.ax.tick_params(labelsize=7)
     return bar
 

@@ -3,9 +3,10 @@
 
 Each map is one value per patch, drawn as a block of ``stem × stem`` pixels over the image in
 grey, so that a reader sees where on the image the weight lies. All the maps of a figure share
-one colour scale, from 0 to the largest value among them but at least ``FLOOR/N`` (``N`` patches),
-with the uniform level ``1/N`` marked on the colour bar: maps that are all near-uniform (random
-weights, early layers) stay in the scale's lower colours instead of taking its brightest ones.
+one colour scale, from 0 to the largest value among them but at least ``maps.FLOOR/N`` (``N``
+patches), with the uniform level ``1/N`` marked on the colour bar: maps that are all near-uniform
+(random weights, early layers) stay in the scale's lower colours instead of taking its brightest
+ones.
 """
 
 from __future__ import annotations
@@ -15,13 +16,11 @@ from collections.abc import Sequence
 from matplotlib.figure import Figure
 from torch import Tensor
 
-from attnconv.viz.maps import _colorbar, label_peak, outline_token
+from attnconv.viz.maps import _colorbar, label_peak, outline_token, scale_top
 from attnconv.viz.style import MAP_CMAP, new_figure, panel_grid, wrap_text
 
 # Opacity of a map drawn over its image.
 OVERLAY_ALPHA = 0.65
-# The colour scale reaches at least this multiple of the uniform level 1/N.
-FLOOR = 4.0
 
 
 def rollout_rows(
@@ -91,10 +90,10 @@ def _without(values: Tensor, query: tuple[int, int]) -> Tensor:
 def colour_top(maps: Sequence[Tensor], query: tuple[int, int] | None = None) -> float:
     """The top of the shared colour scale of ``maps`` (each ``(h, w)``): their largest value
     (outside the ``query`` patch, which the residual makes the largest of a patch's rollout), at
-    least ``FLOOR / N``."""
+    least ``maps.FLOOR / N`` (``maps.scale_top``)."""
     if query is not None:
         maps = [_without(m, query) for m in maps]
-    return max(max(float(m.max()) for m in maps), FLOOR / maps[0].numel())
+    return scale_top(max(float(m.max()) for m in maps), maps[0].numel())
 
 
 def rollout_figure(
