@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from epoch import one_epoch
 
 from attnconv.models import create_model
+from epoch import one_epoch
 
 SCRIPT = Path(__file__).resolve().parent / "gpu.sh"
 # No GPU, whatever the machine: CUDA_VISIBLE_DEVICES="" hides every device from torch.
