@@ -61,6 +61,7 @@ SIZES = {
     "64x64": (2, 64, 64, 9, 400),
 }
 PEER_TARGETS = {"32x32": 4.0, "64x64": 15.0, "paper": 1.5}  # layer speed-up over the best peer
+FLEX_VALUE_CHUNK = 128  # most value channels FlexAttention attends at once (see flex_forward)
 FLOOR_TARGET = 1.3  # at the paper's size: layer time ≤ 1.3 × its projection GEMMs alone
 
 
@@ -79,7 +80,13 @@ def shared_dense_forward(layer: MultiHeadSelfAttention2d, x: Tensor) -> Tensor:
 def flex_forward(layer: MultiHeadSelfAttention2d, width: int,
                  compile: bool = True) -> Callable[[Tensor], Tensor]:
     """FlexAttention computing ``layer``, the Gaussian logit as ``score_mod``; compiled unless
-    ``compile=False`` (eager: the unfused reference, for checking the function only)."""
+    ``compile=False`` (eager: the unfused reference, for checking the function only).
+
+    The input is the one value head that every query head shares, cut into equal chunks of at most
+    ``FLEX_VALUE_CHUNK`` channels, each attended as a batch entry of its own: FlexAttention's CUDA
+    kernels hold a block of a head's values in shared memory, and the paper's 400 channels (padded
+    to 512) need 291 KB there, more than an H100 or H200 has (227 KB).
+    """
     from torch.nn.attention.flex_attention import flex_attention
 
     centers, spread = layer.position.centers, layer.position.spread
@@ -93,11 +100,16 @@ def flex_forward(layer: MultiHeadSelfAttention2d, width: int,
     def forward(x: Tensor) -> Tensor:
         batch, height, _, dim = x.shape
         n = height * width
-        value = x.reshape(batch, 1, n, dim)  # one value head, shared by the query heads
-        query = x.new_zeros(batch, layer.heads, n, 16)
-        key = x.new_zeros(batch, 1, n, 16)
-        y = compiled(query, key, value, score_mod=gaussian, enable_gqa=True)  # (B, heads, N, dim)
-        return layer.out(y.transpose(1, 2).reshape(batch, height, width, layer.heads * dim))
+        chunks = next(c for c in range(1, dim + 1) if dim % c == 0 and dim // c <= FLEX_VALUE_CHUNK)
+        # (B·chunks, 1, N, dim/chunks): one value head, shared by the query heads
+        value = x.reshape(batch, n, chunks, dim // chunks).transpose(1, 2).reshape(
+            batch * chunks, 1, n, dim // chunks)
+        query = x.new_zeros(batch * chunks, layer.heads, n, 16)
+        key = x.new_zeros(batch * chunks, 1, n, 16)
+        y = compiled(query, key, value, score_mod=gaussian, enable_gqa=True)
+        # (B·chunks, heads, N, dim/chunks) → (B, N, heads, chunks, dim/chunks)
+        y = y.reshape(batch, chunks, layer.heads, n, dim // chunks).permute(0, 3, 2, 1, 4)
+        return layer.out(y.reshape(batch, height, width, layer.heads * dim))
 
     return forward
 
