@@ -63,3 +63,35 @@ def shipped_folder(folder: Path, names: tuple[str, ...] = tuple(ACCURACY)) -> Pa
     labels = torch.arange(SAMPLES) % 10
     export_samples(images, labels, CLASSES, "fashion-mnist", folder=folder)
     return folder
+
+
+# A recorded model (a tiny timm ViT, ``test_analysis_rollout.tiny_vit``: 3 layers of 2 heads on
+# 4x4 patches of 8x8 pixels) on RECORDED_IMAGES random images, the first RECORDED_SHOWN of them on
+# the page with their average.
+RECORDED_IMAGES, RECORDED_SHOWN = 3, 2
+
+
+def recorded_model(class_token: bool = True, name: str = "timm:tiny-vit"):
+    """``(PreparedModel, the ViT, its images (B, 3, 32, 32))``, as ``attnconv analyze`` records
+    a timm ViT for its explorer page (``recorded_explorer_data`` with the rollout and class-token
+    views of ``measure_patch_attention``)."""
+    from attnconv.analysis.measures import measure_patch_attention
+    from attnconv.viz.export import PreparedModel, recorded_explorer_data
+    from test_analysis_rollout import tiny_vit
+
+    model = tiny_vit(class_token)
+    images = torch.rand(RECORDED_IMAGES, 3, 32, 32, generator=torch.Generator().manual_seed(3))
+    labels = [f"random image {i}" for i in range(RECORDED_IMAGES)]
+    measured = measure_patch_attention(model, images, labels, keep=RECORDED_SHOWN)
+    data, files = recorded_explorer_data(
+        [maps.probs for maps in measured.per_image],
+        measured.average.grid,
+        measured.average.stem,
+        images[:RECORDED_SHOWN],
+        labels[:RECORDED_SHOWN],
+        measured.average.probs,
+        images,
+        {"weights": "random"},
+        measured.views,
+    )
+    return PreparedModel(name, data, files, "a tiny ViT with random weights"), model, images

@@ -2,6 +2,7 @@
 models (``attnconv explore --pretrained``); site size; serving on 127.0.0.1."""
 
 import base64
+import json
 import re
 import subprocess
 import sys
@@ -23,11 +24,21 @@ from attnconv.viz.export import (
     model_score_terms,
     quantize,
     read_data,
+    read_site,
     site_size,
+    write_explorer,
     write_site,
 )
 from attnconv.viz.maps import compute_attention
-from explorer_helpers import ACCURACY, SAMPLES, shipped_folder
+from attnconv.viz.site_check import SiteError
+from explorer_helpers import (
+    ACCURACY,
+    RECORDED_IMAGES,
+    RECORDED_SHOWN,
+    SAMPLES,
+    recorded_model,
+    shipped_folder,
+)
 from viz_helpers import save_checkpoint, small_model
 
 MB = 1_000_000
@@ -388,3 +399,41 @@ def test_a_transformed_network_exports_each_layers_probabilities_on_its_own_grid
         np.testing.assert_allclose(dequantize(payload), layer.probs.numpy(), atol=2e-5)
     with pytest.raises(ValueError, match="a transformed network needs test images"):
         explorer_data(model, (16, 16))
+
+
+def test_a_recorded_vits_rollout_and_class_token_views_equal_a_direct_computation(tmp_path):
+    """The views of a tiny timm ViT's page, written and read back: each shown image's and the
+    average's rollout is the direct product through the layers of the head-averaged attention
+    with the residual added, rows normalised (averaged over all the images for the average),
+    each row over the patches renormalised, the class token's first; the class token's view is its
+    row of each head's attention at the patches."""
+    from test_analysis_rollout import direct_attention, direct_rollout
+
+    entry, model, images = recorded_model()
+    probs = direct_attention(model, images)  # per layer (B, heads, 17, 17): the class token first
+    rollouts = [direct_rollout(probs, image) for image in range(RECORDED_IMAGES)]
+    expected = [*rollouts[:RECORDED_SHOWN], np.mean(rollouts, axis=0)]
+    classes = [[p[image, :, 0, 1:] for p in probs] for image in range(RECORDED_SHOWN)]
+    classes.append([p[:, :, 0, 1:].mean(axis=0) for p in probs])
+    write_explorer([entry], tmp_path)
+    (read,) = read_site(tmp_path)
+    assert read.data["class_token"] is True and read.data["logit"] == "log-probability"
+    assert len(read.files) == len(expected)
+    for payload, rollout, class_rows in zip(read.files, expected, classes, strict=True):
+        rows = rollout[:, 1:] / rollout[:, 1:].sum(axis=1, keepdims=True)  # (1 + 16, 16)
+        np.testing.assert_allclose(dequantize(payload["views"]["rollout"]), rows, atol=2e-5)
+        for layer, row in enumerate(class_rows):
+            np.testing.assert_allclose(dequantize(payload["views"]["class"][layer]), row, atol=2e-5)
+    # a file without its views is refused when read back, naming it
+    path = tmp_path / "models" / "0" / "image_001.js"
+    payload = read_data(path)
+    del payload["views"]
+    path.write_text(f"window.ATTNCONV_FILES[0] = {json.dumps(payload)};\n")
+    with pytest.raises(SiteError, match=r"image_001\.js: the file lacks 'views'"):
+        read_site(tmp_path)
+
+
+def test_a_recorded_vit_without_a_class_token_has_no_views():
+    entry, _, _ = recorded_model(class_token=False)
+    assert "class_token" not in entry.data and entry.data["logit"] == "log-probability"
+    assert all("views" not in payload for payload in entry.files)

@@ -237,6 +237,7 @@ def analyze_third_party(
             average.probs,
             pixels,
             meta,
+            measured.views,
         )
         files += write_explorer(
             [PreparedModel(loaded.name, data, payloads, f"{loaded.name} ({loaded.weights})")],

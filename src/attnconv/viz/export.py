@@ -37,8 +37,14 @@ these shapes.
 
 A model whose attention was recorded from a network attnconv did not build (``attnconv.analysis``:
 timm and torchvision vision transformers) is a model with content scores whose content logits are
-the recorded log-probabilities, and no positional term (``recorded_explorer_data``). ``read_site``
-reads a written site's models back, to put them on another page (``attnconv explore --add``).
+the recorded log-probabilities (``"logit": "log-probability"``: the page names them so), and no
+positional term (``recorded_explorer_data``). With a class token (``"class_token": true``) each
+image file and ``average.js`` also hold ``"views"`` (``token_views_payload``): the attention
+rollout (``attnconv.analysis.rollout``) as quantised ``(1 + N, N)``, row 0 the class token's and
+row ``1 + q`` patch ``q``'s, each over the patches renormalised to sum to one
+(``attnconv.viz.rollout.rollout_rows``), and per layer the class token's attention to the patches
+``(heads, N)`` quantised (None for a layer without the class token). ``read_site`` reads a written
+site's models back, to put them on another page (``attnconv explore --add``).
 
 Every data file assigns its object to ``window.ATTNCONV_FILES[PATH]``, its path from the site
 root. Arrays are base64 of little-endian bytes. "Quantised" arrays are ``uint16`` codes with a
@@ -71,6 +77,7 @@ from attnconv.models.modes import evaluating
 from attnconv.models.transformed import TransformedNetwork
 from attnconv.runs import parse_json
 from attnconv.viz.maps import attention_layers, compute_attention, token_grid
+from attnconv.viz.rollout import rollout_rows
 from attnconv.viz.site_check import (
     SiteError,
     check_image_file,
@@ -457,6 +464,20 @@ def _average_entry(images: Tensor, probs: Sequence[Tensor]) -> tuple[dict, dict]
     return entry, {"average": [quantize(p) for p in probs]}
 
 
+def token_views_payload(
+    rollout: Tensor, prefix: int, grid: tuple[int, int], classes: Sequence[Tensor | None]
+) -> dict[str, Any]:
+    """The ``"views"`` of one image file (module docstring) from the rollout ``(T, T)`` of
+    ``prefix`` tokens then the patches of ``grid``, and per layer the class token's attention
+    ``(heads, N)`` to the patches (None: no class token in that layer)."""
+    tokens = grid[0] * grid[1]
+    rows = [rollout_rows(rollout, prefix, grid, query)[0] for query in (None, *range(tokens))]
+    return {
+        "rollout": quantize(torch.stack(rows).reshape(1 + tokens, tokens)),
+        "class": [None if c is None else quantize(c) for c in classes],
+    }
+
+
 def recorded_explorer_data(
     image_probs: Sequence[Sequence[Tensor]],
     grid: tuple[int, int],
@@ -466,15 +487,19 @@ def recorded_explorer_data(
     average_probs: Sequence[Tensor],
     average_images: Tensor,
     meta: dict[str, Any] | None = None,
+    views: Any = None,
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """The data of a model whose attention probabilities were recorded, not computed by attnconv's
     layers (``attnconv.analysis``), as ``(model.js object, [image file objects])``.
 
     It is a model with content scores whose per-image content logits are the log-probabilities
     (their softmax gives the probabilities back, up to quantisation; the page's logit view shows
-    log-probabilities) and no positional term. ``image_probs``: per image of ``images``
+    and names log-probabilities) and no positional term. ``image_probs``: per image of ``images``
     ``(K, C, H, W)`` in ``[0, 1]`` (with ``labels``), per layer ``(heads, N, N)`` on ``grid``;
-    ``average_probs``: per layer, their mean over ``average_images``.
+    ``average_probs``: per layer, their mean over ``average_images``. ``views``: a ``TokenViews``
+    (``attnconv.analysis.rollout``) of at least the ``K`` images and averaged over
+    ``average_images``, as ``measure_patch_attention`` gives it; a model with a class token gets
+    the page's views of it.
     """
     if len(image_probs) != images.shape[0] or len(labels) != images.shape[0]:
         raise ValueError(
@@ -491,7 +516,11 @@ def recorded_explorer_data(
         "images": [],
         "kind": "content",
         "terms": {"content": True, "position": False},
+        "logit": "log-probability",
     }
+    class_token = views is not None and views.class_attention is not None
+    if class_token:
+        data["class_token"] = True
     files = []
     for index, layers in enumerate(image_probs):
         data["images"].append(
@@ -504,7 +533,15 @@ def recorded_explorer_data(
         )
         terms = [ScoreTerms(p.double().clamp_min(tiny).log()[None]) for p in layers]
         files.append(image_payload(terms, 0))
+        if class_token:
+            files[-1]["views"] = token_views_payload(
+                views.rollout_images[index], views.prefix, grid, views.class_attention_images[index]
+            )
     entry, payload = _average_entry(average_images, average_probs)
+    if class_token:
+        payload["views"] = token_views_payload(
+            views.rollout, views.prefix, grid, views.class_attention
+        )
     data["images"].append(entry)
     files.append(payload)
     return data, files

@@ -118,6 +118,11 @@ def check_model(data: Any, where: Path) -> None:
     _sizes(heads, len(heads), where, "the heads per layer")
     if not heads:
         raise SiteError(f"{where}: the model has no layers, expected at least one")
+    if "logit" in data:
+        _field(data, "logit", str, where, "the model")
+    if "class_token" in data and (data["class_token"] is not True or kind != "content"):
+        raise SiteError(f"{where}: the model's class_token is {data['class_token']!r:.40}, "
+                        f"expected true on a model of kind 'content'")  # fmt: skip
     for number, image in enumerate(_field(data, "images", list, where, "the model")):
         what = f"image {number}"
         _field(image, "label", str, where, what)
@@ -219,3 +224,19 @@ def check_image_file(data: dict[str, Any], payload: Any, average: bool, where: P
             _quantized(position, [heads, queries, h + w], where, f"{what}'s position", "sum")
         elif position is not None:
             _quantized(position, [heads, queries, keys], where, f"{what}'s position")
+    if data.get("class_token"):
+        _check_views(data, payload, where)
+
+
+def _check_views(data: dict[str, Any], payload: dict[str, Any], where: Path) -> None:
+    """The rollout and class-token views of an image file of a model with a class token."""
+    views = _field(payload, "views", dict, where, "the file")
+    tokens = math.prod(data["grid"])
+    _quantized(views.get("rollout"), [1 + tokens, tokens], where, "the rollout")
+    classes = _field(views, "class", list, where, "the views")
+    if len(classes) != len(data["heads"]):
+        raise SiteError(f"{where}: the class token's view has {len(classes)} layers, expected "
+                        f"{len(data['heads'])}")  # fmt: skip
+    for number, (layer, heads) in enumerate(zip(classes, data["heads"], strict=True)):
+        if layer is not None:
+            _quantized(layer, [heads, tokens], where, f"the class token's layer {number}")
