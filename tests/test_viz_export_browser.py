@@ -17,17 +17,21 @@ from matplotlib import colormaps
 from playwright.sync_api import sync_playwright
 
 from attnconv.cli import main
+from attnconv.models import create_model
 from attnconv.models.pretrained import load_pretrained, sample_images
 from attnconv.viz.export import (
+    PreparedModel,
     SiteModel,
     decode_content,
     dequantize,
+    model_score_terms,
     read_data,
+    recorded_explorer_data,
     write_explorer,
     write_site,
 )
 from attnconv.viz.maps import compute_attention
-from explorer_helpers import ACCURACY, TRANSFORMED_ACCURACY, shipped_folder
+from explorer_helpers import ACCURACY, TRANSFORMED_ACCURACY, recorded_model, shipped_folder
 from viz_helpers import small_model
 
 pytestmark = pytest.mark.needs_chromium
@@ -239,6 +243,12 @@ def hover_value(page, layer, head, key, kind):
     """Hover key token ``key`` of map (layer, head); the readout's value after checking its text."""
     page.mouse.move(*at_token(map_box(page, layer, head), key, (14, 14)))
     return readout_value(page, layer, head, key, kind)
+
+
+def hover_text(page, layer, head, key):
+    """Hover key token ``key`` of map (layer, head) of a 14x14 model; the readout."""
+    page.mouse.move(*at_token(map_box(page, layer, head), key, (14, 14)))
+    return page.locator("#hover-readout").inner_text()
 
 
 def readout_value(page, layer, head, key, kind):
@@ -755,5 +765,172 @@ def test_a_transformed_network_beside_a_shipped_model(browser, tmp_path):
     assert value == pytest.approx(float(displayed(page)[5][1][3 * 4 + 0]), rel=1e-3)
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=ARTIFACTS / "explorer_tcnn.png", full_page=True)
+    assert errors == []
+    page.close()
+
+
+# ---------------------------------------------------------------- class token, scores, precision
+
+
+@pytest.fixture(scope="module")
+def class_token_site(tmp_path_factory):
+    """A page of a recorded tiny ViT with a class token, the same ViT without one, and vit-fashion
+    (content scores only, no class token); with the ViT and its images."""
+    site = tmp_path_factory.mktemp("class_token")
+    entry, model, images = recorded_model()
+    without, _, _ = recorded_model(class_token=False, name="timm:tiny-vit-registers")
+    torch.manual_seed(4)
+    vit = create_model("vit-fashion").eval()
+    pictures = torch.rand(2, 1, 28, 28, generator=torch.Generator().manual_seed(5))
+    plain = SiteModel("vit-fashion", vit, (28, 28), images=pictures, average_images=pictures)
+    write_explorer([entry, without, plain], site, title="class tokens")
+    return site, model, images
+
+
+def set_view(page, value):
+    page.locator(f"input[name=view][value={value}]").check()
+    page.wait_for_function(f"window.attnconv.ready && window.attnconv.state.view == '{value}'")
+
+
+def test_class_token_and_rollout_views_draw_the_recorded_attention(browser, class_token_site):
+    from test_analysis_rollout import direct_attention, direct_rollout
+
+    site, model, images = class_token_site
+    probs = direct_attention(model, images)  # per layer (B, heads, 17, 17), the class token first
+    page, errors = open_site(browser, site)
+    assert page.locator("#view-choice").is_visible() and page.locator("#overlay").is_visible()
+    assert page.locator("#accuracy").inner_text() == "test accuracy — (not measured)"
+    set_view(page, "class")
+    assert page.locator("#modes").is_hidden()  # the score terms are of the per-head maps
+    for layer, values in enumerate(displayed(page)):
+        np.testing.assert_allclose(values, probs[layer][0, :, 0, 1:], atol=2e-5)
+    assert page.locator("#maps .map .scale").first.inner_text().endswith("/N")
+    set_view(page, "rollout")
+    click_token(page, (2, 1), (4, 4))
+    rollout = direct_rollout(probs, 0)[:, 1:]
+    rows = rollout / rollout.sum(axis=1, keepdims=True)  # the class token's row, then the patches'
+    (shown,) = displayed(page)
+    np.testing.assert_allclose(shown, rows[[1 + 2 * 4 + 1, 0]], atol=2e-5)
+    # the query's own weight is left out of its map's scale: the largest other key is the top
+    others = np.delete(shown[0], 2 * 4 + 1)
+    top = page.evaluate("window.attnconv.scales[0][0][1]")
+    assert top == pytest.approx(others.max(), abs=1e-12)
+    hovered = at_token(page.locator("#maps .map canvas").first.bounding_box(), (0, 3), (4, 4))
+    page.mouse.move(*hovered)
+    text = page.locator("#hover-readout").inner_text()
+    assert text.startswith("rollout of the query token (row 2, col 1), key (0, 3): rollout weight")
+    # the maps over the image: the image in grey behind each map, drawn translucent
+    page.locator("#overlay").check()
+    page.wait_for_function("window.attnconv.state.overlay")
+    frame = page.locator("#maps .map .frame").first
+    assert frame.evaluate("el => getComputedStyle(el).backgroundImage").startswith("url(")
+    canvas = page.locator("#maps .map canvas").first
+    assert canvas.evaluate("el => getComputedStyle(el).opacity") == "0.65"
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=ARTIFACTS / "explorer_rollout.png", full_page=True)
+    # no class token: no views to offer, and the per-head maps come back
+    for index, name in [(1, "timm:tiny-vit-registers"), (2, "vit-fashion")]:
+        page.locator("#model-select").select_option(str(index))
+        page.wait_for_function(f"window.attnconv.ready && window.attnconv.model == {index}")
+        assert page.locator("#model-name").inner_text() == name
+        assert page.locator("#view-choice").is_hidden()
+        assert page.evaluate("window.attnconv.state.view") == "heads"
+        assert page.locator("#overlay").is_visible()  # the images are there to draw over
+    assert errors == []
+    page.close()
+    # on a phone, each view fits the screen and passes the accessibility checks
+    page, errors = open_sized(browser, site, 390, 844)
+    for value in ("class", "rollout"):
+        set_view(page, value)
+        assert page.evaluate("document.documentElement.scrollWidth") <= 390
+        assert axe_violations(page) == [], value
+    page.screenshot(path=ARTIFACTS / "explorer_rollout_390.png", full_page=True)
+    assert errors == []
+    page.close()
+
+
+def test_only_the_score_controls_a_model_has_are_offered_and_named(
+    browser, shipped_site, class_token_site
+):
+    _, site = shipped_site
+    page, errors = open_site(browser, site)
+    switch_model(page, 2, "learned-content-fashion")  # both terms
+    labels = page.locator("#modes label")
+    assert [labels.nth(i).is_visible() for i in range(4)] == [True] * 4
+    assert page.locator("#softmax-label").inner_text() == "softmax"
+    page.close()
+    site, _, _ = class_token_site
+    page, more = open_site(browser, site)
+    labels = page.locator("#modes label")
+    for index in (0, 2):  # recorded (log-probabilities), vit-fashion (content only)
+        if index:
+            page.locator("#model-select").select_option(str(index))
+            page.wait_for_function(f"window.attnconv.ready && window.attnconv.model == {index}")
+        # no "position only" (blank maps) nor "content only" (the total again): softmax alone
+        assert [labels.nth(i).is_visible() for i in range(4)] == [False, False, False, True]
+        assert page.evaluate("window.attnconv.maps.flat().every(m => m !== null)")
+    page.locator("#model-select").select_option("0")
+    page.wait_for_function("window.attnconv.ready && window.attnconv.model == 0")
+    assert page.locator("#softmax-label").inner_text() == "softmax, else log-probability"
+    page.locator("#softmax").uncheck()
+    page.wait_for_function("window.attnconv.ready && !window.attnconv.state.softmax")
+    assert page.locator("#colorbar-caption").inner_text().startswith("log-probability, ")
+    first = page.locator("#maps .map canvas").first.bounding_box()
+    page.mouse.move(*at_token(first, (1, 1), (4, 4)))
+    assert ": log-probability -" in page.locator("#hover-readout").inner_text()
+    assert errors == [] and more == []
+    page.close()
+
+
+def test_the_desktop_picker_stays_in_view_beside_twelve_layers(browser, tmp_path):
+    """12 layers of 3 heads (a ViT-Tiny's) are taller than the window: scrolled to the last layer,
+    the image and the settings beside the maps are still in view."""
+    generator = torch.Generator().manual_seed(6)
+    probs = [torch.rand(3, 196, 196, generator=generator).softmax(-1) for _ in range(12)]
+    images = torch.rand(2, 3, 224, 224, generator=generator)
+    data, files = recorded_explorer_data(
+        [probs, probs], (14, 14), 16, images, ["a", "b"], probs, images
+    )
+    write_explorer([PreparedModel("timm:deep", data, files)], tmp_path)
+    page, errors = open_sized(browser, tmp_path, 1300, 900)
+    last = page.locator("#maps .map canvas").nth(11 * 3 + 2)
+    last.scroll_into_view_if_needed()
+    assert page.evaluate("window.scrollY") > 500  # the maps did scroll
+    assert in_viewport(last.bounding_box(), 1300, 900)
+    assert in_viewport(page.locator("#picker").bounding_box(), 1300, 900)
+    assert page.locator("#softmax").is_visible()
+    assert page.evaluate("document.documentElement.scrollWidth") <= 1300
+    assert errors == []
+    page.close()
+
+
+def test_the_hover_readout_prints_only_the_digits_the_stored_logits_guarantee(
+    browser, shipped_site
+):
+    """learned-content-fashion's positional logits are stored as 16-bit codes (error up to a
+    step, ~1e-5 here): the readout prints fewer than four significant digits where the fourth is
+    not sure, and every digit it prints is right to one unit of the last."""
+    weights, site = shipped_site
+    page, errors = open_site(browser, site)
+    switch_model(page, 2, "learned-content-fashion")
+    page.locator("input[name=mode][value=position]").check()
+    page.locator("#softmax").uncheck()
+    page.wait_for_function("window.attnconv.ready && !window.attnconv.state.softmax")
+    model = load_pretrained("learned-content-fashion", weights)
+    images, _ = sample_images("fashion-mnist", weights)
+    terms = model_score_terms(model, images[:1])
+    query = 7 * 14 + 7
+    fewer = 0
+    for layer, head in [(0, 0), (1, 3), (2, 7), (3, 8)]:
+        row, col = terms[layer].position_row[0, head, query], terms[layer].position_col[0, head]
+        exact = (row[:, None] + col[query][None, :]).double()  # (14, 14) over the keys
+        smallest = divmod(int(exact.abs().argmin()), 14)  # its digits are the fewest sure ones
+        for key in [smallest, (0, 0)]:
+            text = hover_text(page, layer, head, key)
+            printed = re.search(r"logit (\S+)$", text).group(1)
+            decimals = len(printed.partition(".")[2])
+            assert abs(float(printed) - float(exact[key])) <= 10.0**-decimals, (printed, exact[key])
+            fewer += len(printed.lstrip("-0.").replace(".", "")) < 4
+    assert fewer > 0  # some values indeed lose their fourth digit
     assert errors == []
     page.close()

@@ -7,7 +7,10 @@
 // or for a transformed network's layer, which attends from its output pixels over its input
 // pixels, the output pixel nearest the picked pixel); window.attnconv.ready is false while a
 // model or an image is loading (the maps then show the previous one, greyed out); names and
-// captions from the data are only ever inserted as text.
+// captions from the data are only ever inserted as text. A model with a class token also offers
+// two other views (state.view): "class", the class token's attention per layer and head (maps
+// as for "heads", null for a layer without the class token), and "rollout", the attention rollout
+// through all layers (maps[0] = [the query token's row, the class token's row]).
 "use strict";
 
 (function () {
@@ -28,13 +31,13 @@
     site: SITE,
     model: -1,
     data: null,
-    state: { image: 0, query: [0, 0], mode: "total", softmax: true, scale: "map" },
+    state: { image: 0, query: [0, 0], mode: "total", softmax: true, scale: "map", view: "heads", overlay: false },
     maps: [],
     queries: [],
     scales: [],
     hover: null,
     ready: false,
-    setModel, setQuery, setImage, setMode, setSoftmax, setScale,
+    setModel, setQuery, setImage, setMode, setSoftmax, setScale, setView, setOverlay,
   };
   window.attnconv = view;
 
@@ -65,6 +68,7 @@
     return out;
   }
   function f32(b64) { return new Float32Array(bytes(b64).buffer); }
+  const F32 = 2 ** -24;  // the relative rounding error of a float32 number
   function u16(b64) { return new Uint16Array(bytes(b64).buffer); }
 
   function quantized(p) {
@@ -94,6 +98,14 @@
     }
     return out;
   }
+  // A bound on the float32 rounding of q/√d and k in contentRow's factors: each term's rounding
+  // is at most 2·F32 of it, and the sum of the terms' sizes is at most |q|·max|k|.
+  function factorsError(c, head, q) {
+    const d = c.dim, norm = (data, b) => Math.hypot(...data.subarray(b, b + d));
+    let most = 0;
+    for (let k = 0; k < N; k++) most = Math.max(most, norm(c.key, (head * N + k) * d));
+    return 2 * F32 * norm(c.query, (head * N + q) * d) * most;
+  }
 
   async function modelData(index) {
     const cached = modelCache[index];
@@ -113,7 +125,7 @@
   async function imageData(model, index) {
     if (model.images[index]) return model.images[index];
     const payload = await load(model.data.images[index].file);
-    model.images[index] = payload.average
+    const image = payload.average
       ? { average: payload.average.map(quantized) }
       : payload.probs
       ? { probs: payload.probs.map(quantized) }
@@ -121,7 +133,11 @@
           content: l.content && content(l.content),
           position: l.position && quantized(l.position),
         })) };
-    return model.images[index];
+    if (payload.views) {
+      image.views = { rollout: quantized(payload.views.rollout), class: payload.views.class.map((c) => c && quantized(c)) };
+    }
+    model.images[index] = image;
+    return image;
   }
 
   // ------------------------------------------------------------------ maps
@@ -148,7 +164,6 @@
     const g = G[layer], q = layerQuery(layer);
     return g.rows ? [g.rows[q[0]], g.cols[q[1]]] : q;
   }
-  function keyCount(layer) { return G[layer].kh * G[layer].kw; }
 
   // Probabilities of a position-only layer: R[q1, k1] * C[q2, k2], or a stored row.
   function positionProbs(layer, head, q1, q2) {
@@ -185,6 +200,20 @@
     }
     return present ? out : null;
   }
+  // A bound on the error of those logits from the stored numbers: half a quantisation step of
+  // each quantised row (a positional "sum" row twice: a key's row part plus its column part) and
+  // the float32 rounding of content factors.
+  function logitError(image, layer, head, q, mode) {
+    const L = image.layers[layer];
+    let error = 0;
+    if (mode !== "position" && L.content) {
+      error += L.content.type === "factors" ? factorsError(L.content, head, q) : L.content.step[head * N + q] / 2;
+    }
+    if (mode !== "content" && L.position) {
+      error += L.position.step[head * N + q] / (L.position.type === "sum" ? 1 : 2);
+    }
+    return error;
+  }
 
   function softmax(x) {
     let max = -Infinity, sum = 0;
@@ -195,87 +224,160 @@
     return out;
   }
 
-  // Whether the maps shown are probabilities (else logits).
+  // Whether the maps shown are probabilities or, in the rollout view, shares of a token (else
+  // logits).
   function showsProbabilities() {
-    return D.kind !== "content" || view.state.softmax || Boolean(currentImage().average);
+    return D.kind !== "content" || view.state.view !== "heads" || view.state.softmax || Boolean(currentImage().average);
   }
   function currentImage() { return M.images[view.state.image] || {}; }
+  // The score term shown: the user's choice where the model has both terms, else the total.
+  function scoreMode() {
+    return D.terms && D.terms.content && D.terms.position ? view.state.mode : "total";
+  }
+  // What the values of the maps are called.
+  function valueName(probabilities) {
+    if (view.state.view === "rollout") return "rollout weight";
+    return probabilities ? "probability" : D.logit || "logit";
+  }
 
+  // The maps of the current view and, for each, a bound on the error of its values from the
+  // stored numbers ({abs}: the same for every value, {rel}: a fraction of each), so that the
+  // hover readout prints no digit the data cannot guarantee.
   function computeMaps() {
     const image = currentImage();
+    const q = view.state.query[0] * W + view.state.query[1];
+    const stepError = (array, row) => ({ abs: array.step[row] / 2, rel: 0 });
+    if (view.state.view === "rollout") {
+      const rollout = image.views.rollout;
+      return { maps: [[quantizedRow(rollout, 1 + q), quantizedRow(rollout, 0)]],
+               errors: [[stepError(rollout, 1 + q), stepError(rollout, 0)]] };
+    }
+    if (view.state.view === "class") {
+      const rows = image.views.class.map((c, layer) => [...Array(D.heads[layer]).keys()].map((head) => c && [quantizedRow(c, head), stepError(c, head)]));
+      return { maps: rows.map((row) => row.map((m) => m && m[0])), errors: rows.map((row) => row.map((m) => m && m[1])) };
+    }
     const stored = image.average || image.probs;  // probabilities as they are shown
-    return D.heads.map((heads, layer) => {
+    const maps = [], errors = [];
+    D.heads.forEach((heads, layer) => {
       const [q1, q2] = layerQuery(layer);
-      const queries = G[layer].qh * G[layer].qw, q = q1 * G[layer].qw + q2;
-      const row = [];
+      const queries = G[layer].qh * G[layer].qw, lq = q1 * G[layer].qw + q2;
+      const row = [], error = [];
       for (let head = 0; head < heads; head++) {
-        if (D.kind === "position") row.push(positionProbs(layer, head, q1, q2));
-        else if (stored) row.push(quantizedRow(stored[layer], head * queries + q));
-        else {
-          const x = logits(image, layer, head, q, view.state.mode);
+        if (D.kind === "position") {
+          const L = M.layers[layer];
+          row.push(positionProbs(layer, head, q1, q2));
+          error.push(L.type === "product" ? { abs: 0, rel: 2 * F32 } : stepError(L, head * N + lq));
+        } else if (stored) {
+          row.push(quantizedRow(stored[layer], head * queries + lq));
+          error.push(stepError(stored[layer], head * queries + lq));
+        } else {
+          const x = logits(image, layer, head, lq, scoreMode());
+          const e = x && logitError(image, layer, head, lq, scoreMode());
+          // softmax: each logit off by at most e moves a probability by at most a factor e^±2e
           row.push(x && view.state.softmax ? softmax(x) : x);
+          error.push(x && (view.state.softmax ? { abs: 0, rel: Math.expm1(2 * e) } : { abs: e, rel: 0 }));
         }
       }
-      return row;
+      maps.push(row);
+      errors.push(error);
     });
+    return { maps, errors };
   }
 
   // ------------------------------------------------------------------ layout of one model
 
   const mapsEl = $("maps");
-  let cells = [];
+  // Per map: its elements and key grid; the error bounds of the values shown (computeMaps); the
+  // image the maps are drawn over ("model/image", null: none yet).
+  let cells = [], mapErrors = [], underDrawn = null;
+
+  // The grid of maps of the current view: its columns' headings, its rows (heading, tooltip, how
+  // many maps, their key grid) and the widest a map is drawn.
+  function layout() {
+    if (view.state.view === "rollout") {
+      return { width: 240, columns: [[null, "query token"], [null, "class token"]],
+               rows: [{ word: null, label: "rollout", title: "", maps: 2, grid: [H, W] }] };
+    }
+    return {
+      width: 106,
+      columns: [...Array(Math.max(...D.heads)).keys()].map((head) => ["head", head]),
+      rows: D.heads.map((maps, layer) => ({ word: "layer", label: layer, title: G[layer].name, maps, grid: [G[layer].kh, G[layer].kw] })),
+    };
+  }
+
+  // What map `index` of row `row` is, for its canvas and the hover readout.
+  function mapName(row, index) {
+    if (view.state.view === "rollout") {
+      const [q1, q2] = view.state.query;
+      return index === 0 ? `rollout of the query token (row ${q1}, col ${q2})` : "rollout of the class token";
+    }
+    return `${view.state.view === "class" ? "class token, " : ""}layer ${row}, head ${index}`;
+  }
+
+  // Where a map outlines the query on its keys (null: nowhere; it does not depend on the query).
+  function markerOf(row, index) {
+    if (view.state.view === "heads") return queryOnKeys(row);
+    return view.state.view === "rollout" && index === 0 ? view.state.query : null;
+  }
 
   function buildMaps() {
     mapsEl.replaceChildren();
     cells = [];
-    const maxHeads = Math.max(...D.heads);
-    // columns share the width (nothing wider than the screen), up to about 100 px a map
-    mapsEl.style.gridTemplateColumns = `1.2rem repeat(${maxHeads}, minmax(0, 1fr))`;
-    mapsEl.style.maxWidth = `calc(1.2rem + ${maxHeads * 106}px)`;
+    underDrawn = null;
+    const { width, columns, rows } = layout();
+    // columns share the width (nothing wider than the screen), up to about `width` px a map
+    mapsEl.style.gridTemplateColumns = `1.2rem repeat(${columns.length}, minmax(0, 1fr))`;
+    mapsEl.style.maxWidth = `calc(1.2rem + ${columns.length * width}px)`;
     mapsEl.appendChild(document.createElement("div"));
-    for (let head = 0; head < maxHeads; head++) mapsEl.appendChild(heading("col-head", "head", head));
-    D.heads.forEach((heads, layer) => {
-      const rowHead = heading("row-head", "layer", layer);
-      if (G[layer].name) rowHead.title = G[layer].name;
+    for (const [word, label] of columns) mapsEl.appendChild(heading("col-head", word, label));
+    rows.forEach(({ word, label, title, maps, grid: [kh, kw] }, r) => {
+      const rowHead = heading("row-head", word, label);
+      if (title) rowHead.title = title;
       mapsEl.appendChild(rowHead);
       const row = [];
-      for (let head = 0; head < maxHeads; head++) {
+      for (let index = 0; index < columns.length; index++) {
         const cell = document.createElement("div");
         mapsEl.appendChild(cell);
-        if (head >= heads) continue;
+        if (index >= maps) continue;
         cell.className = "map";
         // The outline is placed in a frame holding only the canvas, so that it lines up with
-        // the map's tokens (not with the map plus its caption).
+        // the map's tokens (not with the map plus its caption); the frame's background is the
+        // image when the maps are drawn over it.
         const frame = document.createElement("div");
         frame.className = "frame";
         const canvas = document.createElement("canvas");
-        canvas.width = G[layer].kw;
-        canvas.height = G[layer].kh;
-        canvas.style.aspectRatio = `${G[layer].kw} / ${G[layer].kh}`;
-        canvas.setAttribute("aria-label", `layer ${layer}, head ${head}`);
+        canvas.width = kw;
+        canvas.height = kh;
+        canvas.style.aspectRatio = `${kw} / ${kh}`;
         const marker = document.createElement("div");
         marker.className = "marker";
         frame.append(canvas, marker);
         const scale = document.createElement("div");
         scale.className = "scale";
         cell.append(frame, scale);
-        canvas.addEventListener("pointermove", (e) => hover(e, canvas, layer, head));
-        canvas.addEventListener("pointerdown", (e) => hover(e, canvas, layer, head));
+        canvas.addEventListener("pointermove", (e) => hover(e, canvas, r, index));
+        canvas.addEventListener("pointerdown", (e) => hover(e, canvas, r, index));
         canvas.addEventListener("pointerleave", (e) => { if (e.pointerType === "mouse") leave(); });
-        row.push({ cell, canvas, marker, scale });
+        row.push({ cell, frame, canvas, marker, scale, grid: [kh, kw] });
       }
       cells.push(row);
     });
   }
 
-  // "head 3" / "layer 2" (on phones the columns read "h3": style.css hides the word).
-  function heading(className, word, number) {
+  // "head 3" / "layer 2" (on phones the columns read "h3": style.css hides the word), or a label
+  // alone (word null).
+  function heading(className, word, label) {
     const el = document.createElement("div");
     el.className = className;
+    if (word === null) {
+      el.classList.add("plain");
+      el.textContent = label;
+      return el;
+    }
     const span = document.createElement("span");
     span.className = "word";
     span.textContent = `${word} `;
-    el.append(span, String(number));
+    el.append(span, String(label));
     return el;
   }
 
@@ -314,9 +416,10 @@
     el.style.height = `${100 / h}%`;
   }
 
-  function range(values, fromZero) {
+  // The range of `values` (from 0 for probabilities), leaving out key `skip` (or none: -1).
+  function range(values, fromZero, skip) {
     let lo = fromZero ? 0 : Infinity, hi = -Infinity;
-    for (const v of values) { lo = Math.min(lo, v); hi = Math.max(hi, v); }
+    values.forEach((v, k) => { if (k !== skip) { lo = Math.min(lo, v); hi = Math.max(hi, v); } });
     return [lo, hi];
   }
 
@@ -363,22 +466,33 @@
 
   function render() {
     if (D.kind !== "position" && !M.images[view.state.image]) return;
-    const maps = computeMaps();
+    const { maps, errors } = computeMaps();
     const probabilities = showsProbabilities();
-    const ranges = maps.map((row) => row.map((values) => values && range(values, probabilities)));
+    // the query's own rollout weight, mostly the residual's, is left out of the colour scale
+    // (drawn in its top colour), or every other token would be dark
+    const skipped = (index) => view.state.view === "rollout" && index === 0 ? view.state.query[0] * W + view.state.query[1] : -1;
+    const ranges = maps.map((row) => row.map((values, index) => values && range(values, probabilities, skipped(index))));
     const present = ranges.flat().filter(Boolean);
     const shared = present.length
       ? [Math.min(...present.map((r) => r[0])), Math.max(...present.map((r) => r[1]))]
       : [0, 1];
+    drawUnder();
     view.scales = maps.map((row, layer) => row.map((values, head) => {
-      const { cell, canvas, marker, scale } = cells[layer][head];
-      placeMarker(marker, queryOnKeys(layer), [G[layer].kh, G[layer].kw]);
+      const { cell, canvas, marker, scale, grid } = cells[layer][head];
+      canvas.setAttribute("aria-label", mapName(layer, head));
+      const where = markerOf(layer, head);
+      marker.hidden = where === null;
+      if (where) placeMarker(marker, where, grid);
       cell.classList.toggle("empty", values === null);
-      if (values === null) { caption(scale, [["value", "no such term"]]); return null; }
+      if (values === null) {
+        caption(scale, [["value", view.state.view === "class" ? "no class token yet" : "no such term"]]);
+        return null;
+      }
       const [lo, hi] = ranges[layer][head];
       drawMap(canvas, values, view.state.scale === "shared" ? shared : [lo, hi]);
       if (probabilities) {
-        caption(scale, [["value", formatValue(hi)], ["times", ` = ${uniformMultiple(hi, keyCount(layer))}`]]);
+        const off = skipped(head) >= 0 ? " off the query" : "";
+        caption(scale, [["value", formatValue(hi)], ["times", ` = ${uniformMultiple(hi, grid[0] * grid[1])}${off}`]]);
       } else {
         const [a, b] = formatRange(lo, hi);
         caption(scale, [["value", `${a} … ${b}`]]);
@@ -386,14 +500,18 @@
       return view.state.scale === "shared" ? shared : [lo, hi];
     }));
     view.maps = maps;
+    mapErrors = errors;
     view.queries = D.heads.map((_, layer) => layerQuery(layer));
     drawColorbar(probabilities, shared);
     placeMarker($("picker-marker"), view.state.query, [H, W]);
+    $("picker-marker").hidden = view.state.view === "class";
     const [q1, q2] = view.state.query;
     const where = D.stem > 1 ? `, pixels ${q1 * D.stem}–${(q1 + 1) * D.stem - 1} × ${q2 * D.stem}–${(q2 + 1) * D.stem - 1}` : "";
     const image = D.images.length && D.kind !== "position" ? `${D.images[view.state.image].label}: ` : "";
     $("query-readout").textContent = D.layer_grids
       ? `${image}query pixel (row ${q1}, col ${q2}); each layer's query is its output pixel nearest it, outlined on its input`
+      : view.state.view === "class"
+      ? `${image}the class token's attention to the patches (the query token does not change it)`
       : `${image}query token (row ${q1}, col ${q2})${where}`;
     showHover();
     setLoading(false);
@@ -411,7 +529,7 @@
   })();
 
   function drawColorbar(probabilities, shared) {
-    const kind = probabilities ? "probability" : "logit";
+    const kind = valueName(probabilities);
     const mark = $("colorbar-uniform");
     if (view.state.scale === "shared") {
       const [lo, hi] = probabilities ? shared.map(formatValue) : formatRange(...shared);
@@ -425,7 +543,7 @@
     }
     // the uniform level 1/N: where a head that looks everywhere alike would sit (N the keys of
     // a layer: one level for the whole bar only when every layer has the same keys)
-    const counts = [...new Set(G.map((_, layer) => keyCount(layer)))];
+    const counts = [...new Set(cells.flat().map(({ grid }) => grid[0] * grid[1]))];
     const uniform = 1 / counts[0];
     const span = shared[1] - shared[0];
     const onBar = probabilities && counts.length === 1 && view.state.scale === "shared" && span > 0 && uniform <= shared[1];
@@ -442,7 +560,7 @@
 
   function hover(event, canvas, layer, head) {
     const rect = canvas.getBoundingClientRect();
-    const { kh, kw } = G[layer];
+    const [kh, kw] = cells[layer][head].grid;
     const k1 = Math.min(kh - 1, Math.floor(((event.clientY - rect.top) / rect.height) * kh));
     const k2 = Math.min(kw - 1, Math.floor(((event.clientX - rect.left) / rect.width) * kw));
     view.hover = { layer, head, key: [Math.max(0, k1), Math.max(0, k2)] };
@@ -457,10 +575,22 @@
     if (!values) { $("hover-readout").textContent = HOVER_HELP; return; }
     const [k1, k2] = h.key;
     const probabilities = showsProbabilities();
-    const value = values[k1 * G[h.layer].kw + k2];
+    const [kh, kw] = cells[h.layer][h.head].grid;
+    const value = values[k1 * kw + k2];
     $("hover-readout").textContent =
-      `layer ${h.layer}, head ${h.head}, key (${k1}, ${k2}): ${probabilities ? "probability" : "logit"} ` +
-      `${value.toPrecision(4)}` + (probabilities ? ` (${uniformMultiple(value, keyCount(h.layer))})` : "");
+      `${mapName(h.layer, h.head)}, key (${k1}, ${k2}): ${valueName(probabilities)} ` +
+      `${formatExact(value, mapErrors[h.layer][h.head])}` + (probabilities ? ` (${uniformMultiple(value, kh * kw)})` : "");
+  }
+
+  // Four significant digits of `value`, or fewer decimals where its error bound (computeMaps)
+  // leaves fewer right: the last one printed is off by at most one unit.
+  function formatExact(value, { abs, rel }) {
+    const error = abs + rel * Math.abs(value);
+    const decimals = Math.floor(-Math.log10(2 * error));
+    const four = value === 0 ? Infinity : 3 - Math.floor(Math.log10(Math.abs(value)));
+    if (!(decimals < four)) return value.toPrecision(4);
+    const text = value.toFixed(Math.min(100, Math.max(0, decimals)));
+    return /^-0(\.0*)?$/.test(text) ? text.slice(1) : text;
   }
 
   // ------------------------------------------------------------------ picker and controls
@@ -486,6 +616,32 @@
         }
       }
     }
+  }
+
+  // The maps over the image (the overlay setting): the image in grey as the background of each
+  // map's frame, the map drawn translucent (style.css); set when the image or the maps change.
+  function drawUnder() {
+    mapsEl.classList.toggle("overlay", view.state.overlay);
+    const key = view.state.overlay ? `${view.model}/${view.state.image}` : null;
+    if (underDrawn === key) return;
+    underDrawn = key;
+    let url = "none";
+    if (key) {
+      const [h, w] = D.image_size;
+      const info = D.images[view.state.image], px = bytes(info.pixels);
+      const grey = document.createElement("canvas");
+      grey.width = w;
+      grey.height = h;
+      const ctx = grey.getContext("2d");
+      const img = ctx.createImageData(w, h);
+      for (let i = 0; i < w * h; i++) {
+        const v = info.channels === 1 ? px[i] : Math.round(0.2126 * px[3 * i] + 0.7152 * px[3 * i + 1] + 0.0722 * px[3 * i + 2]);
+        img.data.set([v, v, v, 255], 4 * i);
+      }
+      ctx.putImageData(img, 0, 0);
+      url = `url(${grey.toDataURL()})`;
+    }
+    for (const { frame } of cells.flat()) frame.style.backgroundImage = url;
   }
 
   function pixelsToImageData(ctx, info, w, h) {
@@ -529,15 +685,40 @@
   function setMode(mode) { view.state.mode = mode; syncControls(); if (D && view.ready) render(); }
   function setSoftmax(on) { view.state.softmax = Boolean(on); syncControls(); if (D && view.ready) render(); }
   function setScale(scale) { view.state.scale = scale === "shared" ? "shared" : "map"; if (D && view.ready) render(); }
+  // "heads", or for a model with a class token "class" or "rollout".
+  function setView(name) {
+    if (!D) return;
+    view.state.view = D.class_token && ["class", "rollout"].includes(name) ? name : "heads";
+    syncControls();
+    buildMaps();
+    view.hover = null;
+    if (view.ready) render();
+  }
+  function setOverlay(on) { view.state.overlay = Boolean(on); syncControls(); if (D && view.ready) render(); }
 
   // The score controls show what the maps show: the user's choice, or for the average over
   // images (always of total-score probabilities) that, greyed out, with a note; the user's
   // choice comes back with the next single image.
+  // Only the controls that apply are offered: the views for a model with a class token, the
+  // overlay for a model with images, the score terms for the per-head maps of a model with
+  // content scores (the terms only when it has both), its logits named as the data names them.
   function syncControls() {
-    const info = D && D.images[view.state.image];
+    if (!D) return;
+    const info = D.images[view.state.image];
     const average = Boolean(info && info.average);
-    const mode = average ? "total" : view.state.mode;
-    document.querySelectorAll("input[name=mode]").forEach((el) => { el.checked = el.value === mode; });
+    const mode = average ? "total" : scoreMode();
+    const both = Boolean(D.terms && D.terms.content && D.terms.position);
+    $("views").hidden = !D.class_token && !D.images.length;
+    $("view-choice").hidden = !D.class_token;
+    document.querySelectorAll("input[name=view]").forEach((el) => { el.checked = el.value === view.state.view; });
+    $("overlay-choice").hidden = !D.images.length;
+    $("overlay").checked = view.state.overlay;
+    $("modes").hidden = D.kind !== "content" || view.state.view !== "heads";
+    document.querySelectorAll("input[name=mode]").forEach((el) => {
+      el.checked = el.value === mode;
+      el.parentElement.hidden = !both;
+    });
+    $("softmax-label").textContent = D.logit ? `softmax, else ${D.logit}` : "softmax";
     $("softmax").checked = average || view.state.softmax;
     $("modes").disabled = average;
     $("modes-note").hidden = !average;
@@ -612,10 +793,10 @@
     // the same test image when the new model has it, else its first
     const label = previous && previous.images[view.state.image] && previous.images[view.state.image].label;
     const same = D.images.findIndex((image) => image.label === label);
+    if (!D.class_token) view.state.view = "heads";
     showMeta();
     buildMaps();
     buildImages();
-    $("modes").hidden = D.kind !== "content";
     await setImage(same >= 0 ? same : 0);
   }
 
@@ -627,10 +808,9 @@
     $("model-name").textContent = info.name;
     document.title = `${info.name}: ${SITE.title}`;
     $("description").textContent = info.description || "";
-    const facts = [];
-    if (info.test_accuracy !== null && info.test_accuracy !== undefined) facts.push(`test accuracy ${percent(info.test_accuracy)}`);
-    if (info.dataset) facts.push(info.dataset);
-    $("accuracy").textContent = facts.join(" on ");
+    const measured = info.test_accuracy !== null && info.test_accuracy !== undefined;
+    const accuracy = measured ? `test accuracy ${percent(info.test_accuracy)}` : "test accuracy — (not measured)";
+    $("accuracy").textContent = measured && info.dataset ? `${accuracy} on ${info.dataset}` : info.dataset ? `${info.dataset}: ${accuracy}` : accuracy;
     $("meta").textContent = "";
   }
 
@@ -669,5 +849,7 @@
   document.querySelectorAll("input[name=mode]").forEach((el) => el.addEventListener("change", () => setMode(el.value)));
   $("softmax").addEventListener("change", (e) => setSoftmax(e.target.checked));
   document.querySelectorAll("input[name=scale]").forEach((el) => el.addEventListener("change", () => setScale(el.value)));
+  document.querySelectorAll("input[name=view]").forEach((el) => el.addEventListener("change", () => setView(el.value)));
+  $("overlay").addEventListener("change", (e) => setOverlay(e.target.checked));
   setModel(0);
 })();
