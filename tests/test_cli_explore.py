@@ -1,4 +1,5 @@
-"""`attnconv explore`: options that would do nothing in a combination are refused in one line."""
+"""`attnconv explore`: options that would do nothing in a combination are refused in one line; the
+page's title names what it shows."""
 
 import json
 import shutil
@@ -8,7 +9,8 @@ import pytest
 from attnconv.cli import main
 from attnconv.models import create_model
 from attnconv.models.pretrained import sample_images
-from attnconv.viz.export import read_data
+from attnconv.viz.export import read_data, write_explorer
+from explorer_helpers import recorded_model, shipped_folder
 from viz_helpers import save_checkpoint
 
 
@@ -200,3 +202,25 @@ def test_a_site_that_is_not_what_explore_writes_is_one_line_naming_its_file(
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and message in err, err
     assert not out.exists()
+
+
+def test_the_title_names_the_models_the_page_shows(tmp_path):
+    """Not "shipped models" when an analysis is added, nor the folders' paths."""
+    weights = shipped_folder(tmp_path / "weights", ("quadratic-fashion", "learned-fashion"))
+    analysis = tmp_path / "analysis"
+    write_explorer([recorded_model()[0]], analysis)
+    titles = {
+        "attnconv explorer: 2 shipped models": ["--pretrained", "all"],
+        "attnconv explorer: 2 shipped models and timm:tiny-vit": [
+            "--pretrained", "all", "--add", str(analysis)
+        ],
+        "attnconv explorer: learned-fashion and timm:tiny-vit": [
+            "--pretrained", "learned-fashion", "--add", str(analysis)
+        ],
+        "attnconv explorer: timm:tiny-vit": ["--add", str(analysis)],
+    }  # fmt: skip
+    for number, (title, args) in enumerate(titles.items()):
+        site = tmp_path / f"site{number}"
+        given = [*args, "--weights-dir", str(weights)] if "--pretrained" in args else args
+        assert main(["explore", *given, "--out", str(site)]) == 0
+        assert read_data(site / "data.js")["title"] == title

@@ -166,6 +166,16 @@ def added_entries(folders: list[str]) -> list:
     return entries
 
 
+def site_title(args: argparse.Namespace, entries: list, added: list) -> str:
+    """The page's title: the models it shows ("4 shipped models and timm:vit_tiny_patch16_224")."""
+    names = [entry.name for entry in entries]
+    if args.pretrained == "all":
+        names = [f"{len(entries)} shipped model{'s' if len(entries) > 1 else ''}"]
+    names += [entry.name for entry in added]
+    listed = ", ".join(names[:-1]) + " and " + names[-1] if len(names) > 1 else names[0]
+    return f"attnconv explorer: {listed}"
+
+
 def run(args: argparse.Namespace) -> int:
     from attnconv.viz.export import make_server, site_size, write_explorer
 
@@ -201,15 +211,12 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--port must be in [0, {MAX_PORT}] (0 picks a free one), got {args.port}")
     if args.pretrained is not None:
         entries, skipped = pretrained_entries(args)
-        title = "attnconv explorer: shipped models"
     elif args.checkpoint is not None:
         entries, skipped = checkpoint_entries(args)
-        title = f"attnconv explorer: {entries[0].name}"
     else:
         entries, skipped = [], {}
-        title = "attnconv explorer: " + ", ".join(args.add)
-    entries += added_entries(args.add)
-    write_explorer(entries, args.out, title=title, skipped=skipped)
+    added = added_entries(args.add)
+    write_explorer(entries + added, args.out, title=site_title(args, entries, added), skipped=skipped)
     for name, reason in skipped.items():
         print(f"left out {name}: {reason}")
     print(f"wrote {args.out}/index.html ({site_size(args.out) / 1e6:.2f} MB); open it in a browser")
