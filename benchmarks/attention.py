@@ -89,12 +89,15 @@ def flex_forward(layer: MultiHeadSelfAttention2d, width: int,
     """
     from torch.nn.attention.flex_attention import flex_attention
 
-    centers, spread = layer.position.centers, layer.position.spread
+    spread = layer.position.spread
+    # Δ's two coordinates as tensors of their own: FlexAttention's CUDA backward takes one
+    # indexing per tensor that needs gradients in a score_mod.
+    center_rows, center_cols = layer.position.centers.unbind(1)  # (heads,) each
     compiled = torch.compile(flex_attention) if compile else flex_attention
 
     def gaussian(score: Tensor, b: Tensor, h: Tensor, q: Tensor, k: Tensor) -> Tensor:
-        rows = k // width - q // width - centers[h, 0]  # key − query − Δ, in pixels
-        cols = k % width - q % width - centers[h, 1]
+        rows = k // width - q // width - center_rows[h]  # key − query − Δ, in pixels
+        cols = k % width - q % width - center_cols[h]
         return score - 0.5 * spread[h].square() * (rows * rows + cols * cols)
 
     def forward(x: Tensor) -> Tensor:
