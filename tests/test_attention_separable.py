@@ -171,3 +171,70 @@ def test_layer_takes_the_batched_route_where_the_device_check_says_so():
         batched = layer(x)
     per_head.assert_not_called()
     torch.testing.assert_close(batched, fused, rtol=1e-5, atol=1e-5)
+
+
+def test_the_shared_route_is_for_small_images_on_a_gpu_only():
+    cpu, cuda = torch.device("cpu"), torch.device("cuda:0")
+    limit = layer_module.SHARED_MAX_TOKENS["cuda"]
+    assert layer_module.use_shared_route(cuda, limit)
+    assert not layer_module.use_shared_route(cuda, limit + 1)
+    assert not layer_module.use_shared_route(cpu, 1)
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    positional=st.sampled_from(["gaussian", "learned"]),
+    head_dim=st.sampled_from([None, 3]),  # None: heads attend over the raw input, as in the paper
+    height=st.integers(1, 5),
+    width=st.integers(1, 5),
+    seed=st.integers(0, 2**16),
+)
+def test_a_separable_layer_on_the_shared_route_matches_the_dense_reference_float64(
+    positional, head_dim, height, width, seed
+):
+    """With the route check answering yes (as on a GPU for small images), a separable layer
+    attends through one ``(heads, N, N)`` matrix: forward and every gradient equal the explicit
+    per-image dense reference, and the separable factors are never formed."""
+    torch.manual_seed(seed)
+    layer = MultiHeadSelfAttention2d(5, 3, head_dim=head_dim, positional=positional,
+                                     max_size=6).double()
+    with torch.no_grad():  # move the encoding off its initial values
+        for parameter in layer.position.parameters():
+            parameter.add_(0.3 * torch.randn_like(parameter))
+    reference = MultiHeadSelfAttention2d(5, 3, head_dim=head_dim, positional=positional,
+                                         max_size=6, impl="dense").double()
+    reference.load_state_dict(layer.state_dict())
+    x = torch.randn(2, height, width, 5, dtype=torch.float64, requires_grad=True)
+    grad = torch.randn(2, height, width, 5, dtype=torch.float64)
+    with (
+        mock.patch.object(layer_module, "SHARED_MAX_TOKENS", {"cpu": height * width}),
+        mock.patch.object(MultiHeadSelfAttention2d, "_forward_separable") as separable_route,
+    ):
+        y, probs = layer(x, return_attention=True)
+    separable_route.assert_not_called()
+    y.backward(grad)
+    x_grad, x.grad = x.grad, None
+    y_ref, probs_ref = reference(x, return_attention=True)
+    y_ref.backward(grad)
+    x_grad_ref = x.grad
+    torch.testing.assert_close(y, y_ref, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(probs, probs_ref, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(x_grad, x_grad_ref, rtol=1e-10, atol=1e-12)
+    for (name, parameter), reference_parameter in zip(layer.named_parameters(),
+                                                      reference.parameters(), strict=True):
+        torch.testing.assert_close(parameter.grad, reference_parameter.grad, rtol=1e-9,
+                                   atol=1e-12, msg=name)
+
+
+def test_the_shared_and_separable_routes_draw_the_same_dropout_mask():
+    layer = MultiHeadSelfAttention2d(4, 2, positional="gaussian", dropout=0.3).double().train()
+    x = torch.randn(3, 4, 5, 4, dtype=torch.float64)
+    torch.manual_seed(7)
+    separable_y = layer(x)
+    torch.manual_seed(7)
+    with mock.patch.object(layer_module, "SHARED_MAX_TOKENS", {"cpu": 20}):
+        shared_y = layer(x)
+    torch.manual_seed(8)
+    other_mask = layer(x)
+    torch.testing.assert_close(shared_y, separable_y, rtol=1e-10, atol=1e-12)
+    assert not torch.allclose(other_mask, separable_y)  # the mask is random: the seed matters

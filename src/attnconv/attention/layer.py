@@ -12,8 +12,9 @@ reference):
   per head and image, no $N \times N$ tensor. On a CPU, without a value projection and above
   ``FUSED_MIN_ELEMENTS``, heads are attended and projected one at a time, so no tensor of
   ``heads ×`` the input's size exists either (``attention/separable.py``); see ``use_fused_route``.
-* position-only, not separable (``gaussian_full``): $P^h$ ($N \times N$) is built once per forward
-  and applied to the whole batch as one matrix product.
+* position-only, not separable (``gaussian_full``), and separable ones on a GPU for images of at
+  most ``SHARED_MAX_TOKENS`` pixels: $P^h$ ($N \times N$) is built once per forward and applied
+  to the whole batch as one matrix product.
 * with content scores: per-image ``(B, heads, N, N)`` logits from one batched product
   (``attention/content.py``): a positional term shared by the batch is added as one
   ``(heads, N, N)`` bias; the per-image content × position term (with the positional one) is
@@ -53,6 +54,22 @@ output projection (``attention/separable.py``). Smaller inputs attend all heads 
 per-head loop's fixed cost per operation dominates. With a value projection the input is already
 ``heads`` values wide and the batched route measured as fast or faster."""
 FUSED_DEVICE_TYPES: tuple[str, ...] = ("cpu",)
+
+
+SHARED_MAX_TOKENS: dict[str, int] = {"cuda": 32 * 32}
+"""Separable position-only layers on a device of these types, with at most this many tokens, attend
+through the shared ``(heads, N, N)`` matrix (``_forward_shared``: one matrix product over the
+whole batch) instead of the separable factors. Measured with ``benchmarks/gpu.sh`` on an NVIDIA
+H200 (docs/layers.md, "On a GPU"), forward and backward in float32: the one product beat the
+separable route's two batched products and their permutations 1.6× at 16×16 (the paper's size)
+and tied at 32×32; the separable route won 5.5× at 64×64. On a CPU the separable route is faster
+at every size measured, so the CPU has no entry."""
+
+
+def use_shared_route(device: torch.device, tokens: int) -> bool:
+    """Whether a separable position-only layer attends through the shared ``(heads, N, N)``
+    matrix on ``device`` for an image of ``tokens`` pixels (see ``SHARED_MAX_TOKENS``)."""
+    return tokens <= SHARED_MAX_TOKENS.get(device.type, 0)
 
 
 def use_fused_route(device: torch.device, numel: int, value_projection: bool) -> bool:
@@ -366,7 +383,7 @@ class MultiHeadSelfAttention2d(nn.Module):
             return self._forward_empty(x, return_attention)
         if self.impl == "dense":
             y, probs = self._forward_dense(x)
-        elif self.separable:
+        elif self.separable and not use_shared_route(x.device, height * width):
             y, probs = self._forward_separable(x, return_attention)
         elif self.position_only:
             y, probs = self._forward_shared(x)
@@ -452,7 +469,8 @@ class MultiHeadSelfAttention2d(nn.Module):
         return self._project_out(y.permute(3, 0, 1, 2, 4)), probs  # (B, heads, H, W, d)
 
     def _forward_shared(self, x: Tensor) -> tuple[Tensor, Tensor]:
-        """Position-only, non-separable: one ``(heads, N, N)`` matrix applied to the whole batch."""
+        """Position-only: one ``(heads, N, N)`` matrix applied to the whole batch. Dropout draws the
+        same factored mask as the separable route, so the two agree sample by sample."""
         batch, height, width, _ = x.shape
         probs = scores.softmax_without_subnormals(self.position.logits(height, width))
         applied = probs
@@ -517,9 +535,10 @@ class MultiHeadSelfAttention2d(nn.Module):
             col,
             bias,
             self.dropout if self._dropout_active else 0.0,
+            return_probs=return_attention,
         )
         y = y.view(batch, self.heads, height, width, -1)  # (B, heads, H, W, d)
-        return self._project_out(y), probs if return_attention else None
+        return self._project_out(y), probs
 
     def _content_probs(self, q: Tensor, k: Tensor | None, bias: Tensor | None) -> Tensor:
         """Explicit ``(B, heads, N, N)`` probabilities from content and positional logits."""
