@@ -82,8 +82,9 @@ def test_heads_csv_holds_the_recorded_distances(vit_analysis):
         assert float(row["prefix_attention"]) == pytest.approx(prefix, rel=1e-5)
     layers = read_csv(vit_analysis / "layers.csv")
     assert len(layers) == 12 and {r["grid_kernel"] for r in layers} == {"1"}  # 3 heads
-    for name in ("distance", "maps", "maps_average", "contours"):
+    for name in ("distance", "maps", "maps_average"):
         assert (vit_analysis / f"{name}.png").stat().st_size > 10_000
+    assert not (vit_analysis / "contours.png").exists()  # random weights: every head diffuse
 
 
 def test_explorer_holds_the_recorded_attention(vit_analysis):
@@ -147,7 +148,10 @@ def test_convit_summary_and_tables(tmp_path, capsys):
     )
     assert "class token excluded (rows renormalised over the patches)" in lines[2]
     assert "to class/register tokens" in lines[4]
-    assert len(lines) == 5 + 12 + 1 and lines[-1] == f"wrote 16 files to {tmp_path}"
+    assert len(lines) == 5 + 12 + 2 and lines[-2] == f"wrote 14 files to {tmp_path}"
+    # random weights on 3x3 patches: no head puts half its attention on one patch
+    assert lines[-1].startswith("not drawn: contours: no head's attention from query token (1, 1)")
+    assert not (tmp_path / "contours.png").exists()
     for figure in ("rollout", "class_token", "class_token_average"):  # it has a class token
         assert (tmp_path / f"{figure}.png").is_file() and (tmp_path / f"{figure}.pdf").is_file()
     rows = read_csv(tmp_path / "heads.csv")

@@ -7,10 +7,15 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 
 from attnconv import MultiHeadSelfAttention2d
 from attnconv.viz.contours import (
+    DIFFUSE,
     MAX_AREA,
+    SCATTERED,
     contour_figure,
+    head_regions,
+    is_one_piece,
     mass_region,
     mass_threshold,
+    outlined_heads,
     region_outline,
 )
 from attnconv.viz.maps import AttentionMaps, compute_attention
@@ -273,3 +278,86 @@ def test_one_panel_per_layer_in_a_square_grid():
     FigureCanvasAgg(fig).draw()
     corners = {(round(ax.get_position().x0, 3), round(ax.get_position().y0, 3)) for ax in fig.axes}
     assert len({x for x, _ in corners}) == 2 and len({y for _, y in corners}) == 2
+
+
+def made_up_maps(per_head: list[np.ndarray], query: tuple[int, int]) -> AttentionMaps:
+    """One layer whose heads attend from ``query`` as the ``(h, w)`` maps ``per_head`` say (every
+    other query attends uniformly)."""
+    h, w = per_head[0].shape
+    probs = torch.full((len(per_head), h * w, h * w), 1 / (h * w))
+    for head, values in enumerate(per_head):
+        probs[head, query[0] * w + query[1]] = torch.tensor(values / values.sum()).reshape(-1)
+    return AttentionMaps([probs], (h, w), "made up")
+
+
+def peaked(grid, spots, rest=0.02):
+    """A map with weight 1 on each token of ``spots`` and ``rest`` on every other token."""
+    values = np.full(grid, rest)
+    for spot in spots:
+        values[spot] = 1.0
+    return values
+
+
+def test_is_one_piece_joins_tokens_touching_at_an_edge_or_corner():
+    region = np.zeros((5, 5), dtype=bool)
+    region[1, 1] = region[2, 2] = region[2, 3] = True  # a diagonal step and an edge
+    assert is_one_piece(region)
+    region[4, 0] = True
+    assert not is_one_piece(region)
+
+
+def test_peaked_heads_are_drawn_and_lattice_or_diffuse_heads_named_instead():
+    grid, query = (12, 12), (6, 6)
+    lattice = [(r, c) for r in (1, 5, 9) for c in (1, 5, 9)]  # nine separate tokens
+    heads = [
+        peaked(grid, [(2, 3)], rest=0.0005),  # one token: its 50% and 90% regions
+        peaked(grid, lattice, rest=0.001),  # a lattice
+        np.ones(grid),  # uniform: diffuse
+        peaked(grid, [(8, 8), (8, 9), (9, 8), (9, 9)], rest=0.01),  # a 2x2 spot, 90% too wide
+    ]
+    maps = made_up_maps(heads, query)
+    assert [head_regions(v, (0.5, 0.9), MAX_AREA)[1] for v in heads] == [
+        None, SCATTERED, DIFFUSE, None
+    ]  # fmt: skip
+    fig = contour_figure(maps, query=query)
+    ax = fig.axes[0]
+    drawn = {c.get_gid() for c in ax.collections} - {"token-grid"}
+    assert drawn == {"layer0-head0-mass0.5", "layer0-head0-mass0.9", "layer0-head3-mass0.5"}
+    outline = next(c for c in ax.collections if c.get_gid() == "layer0-head3-mass0.5")
+    square = {(r, c) for r in (8, 9) for c in (8, 9)}
+    assert segment_set(np.asarray(outline.get_segments())) == edges_of(square)
+    assert ax.get_title() == (
+        "layer 0\nnot drawn (diffuse): head 2\nnot drawn (several spots): head 1"
+    )
+    rule = " ".join(fig.get_suptitle().split())
+    assert "Outlined: regions in one piece (tokens touching at an edge or corner)" in rule
+    assert "Heads left out (diffuse, several spots) are named under each panel's title" in rule
+    assert rule.endswith("The maps show them.")
+    labels, _ = label_boxes(fig, ax)
+    assert sorted(labels) == ["layer0-head0-label", "layer0-head3-label"]
+    (title,) = [t for t in fig.texts if t.get_text() == fig.get_suptitle()]
+    for box in (title.get_window_extent(), fig.legends[0].get_window_extent()):
+        assert fig.bbox.x0 <= box.x0 and box.x1 <= fig.bbox.x1, box  # one panel: a narrow figure
+        assert fig.bbox.y0 <= box.y0 and box.y1 <= fig.bbox.y1, box
+    assert outlined_heads(maps, query) == 2
+    assert outlined_heads(made_up_maps(heads[1:3], query), query) == 0
+
+
+def test_numbers_of_crowded_peaked_heads_do_not_overlap():
+    # twelve heads, each on its own token of a 3x4 block beside the query: their numbers fan out
+    grid, query = (9, 9), (4, 3)
+    spots = [(r, c) for r in (3, 4, 5) for c in (4, 5, 6, 7)]
+    maps = made_up_maps([peaked(grid, [spot], rest=0.001) for spot in spots], query)
+    fig = contour_figure(maps, query=query)
+    ax = fig.axes[0]
+    _, boxes = label_boxes(fig, ax)
+    assert len(boxes) == 12
+    frame = ax.get_window_extent()
+    query_box = marker_box(fig, ax)
+    gids = sorted(boxes)
+    for i, a in enumerate(gids):
+        assert not boxes[a].overlaps(query_box), a
+        assert frame.x0 <= boxes[a].x0 and boxes[a].x1 <= frame.x1
+        assert frame.y0 <= boxes[a].y0 and boxes[a].y1 <= frame.y1
+        for b in gids[i + 1 :]:
+            assert not boxes[a].overlaps(boxes[b]), (a, b)

@@ -266,3 +266,24 @@ def test_plot_of_a_shipped_transformed_network(tmp_path, monkeypatch):
     assert [row["attention_distance"] for row in result.heads] == pytest.approx(distances)
     with pytest.raises(UserError, match="--scale: for the maps of attention models"):
         plot_pretrained("tcnn-fashion-small", tmp_path / "out", scale="shared")
+
+
+def test_no_contour_figure_when_no_head_would_be_outlined(tmp_path, capsys):
+    # learned positional scores of zero: every head attends uniformly, a contour figure of empty
+    # panels; plot and analyze leave it out and say why, and still draw the maps
+    model, config = small_model("learned")
+    with torch.no_grad():
+        for layer in model.attention_layers():
+            for table in layer.position.parameters():
+                table.zero_()
+    path = save_checkpoint(tmp_path / "uniform.pt", model, "learned", config)
+    why = (
+        "not drawn: contours: no head's attention from query token (4, 4) (position-only) is "
+        "concentrated in one piece (each is diffuse or in several spots), so every panel would "
+        "be empty; the maps show it"
+    )
+    for command in (["plot", str(path)], ["analyze", str(path), "--explore-images", "0"]):
+        out = tmp_path / command[0]
+        assert main([*command, "--out", str(out)]) == 0
+        assert not (out / "contours.png").exists() and (out / "maps.png").is_file()
+        assert why in capsys.readouterr().out.splitlines()

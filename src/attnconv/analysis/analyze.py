@@ -96,7 +96,11 @@ def _write_tables(
 
 
 def _summary(
-    header: list[str], layers: list[dict[str, Any]], prefix: bool, files: list[Path]
+    header: list[str],
+    layers: list[dict[str, Any]],
+    prefix: bool,
+    files: list[Path],
+    not_drawn: list[str],
 ) -> str:
     kernels = sorted({row["grid_kernel"] for row in layers})
     kernel = f"{kernels[0]}x{kernels[0]}" if len(kernels) == 1 else "KxK (K per layer: layers.csv)"
@@ -107,6 +111,7 @@ def _summary(
             f"convolution (1: one one-hot head on each tap)",
             format_layer_table(layers, prefix),
             f"wrote {len(files)} files to {files[0].parent}",
+            *(f"not drawn: {reason}" for reason in not_drawn),
         ]
     )
 
@@ -210,7 +215,7 @@ def analyze_third_party(
     average = measured.average
     name = f"{loaded.name}, {'random weights' if loaded.weights == 'random' else loaded.weights}"
     _say(progress, f"drawing the figures and writing the tables into {out}")
-    files, _ = attention_figures(
+    files, _, not_drawn = attention_figures(
         measured.per_image[0], average, out, name, pixels[0], query, window
     )
     files += token_view_figures(
@@ -254,7 +259,8 @@ def analyze_third_party(
         "query and key patches, mean over queries and images"
         + (f"; {excluded} (rows renormalised over the patches)" if excluded else ""),
     ]
-    return Analysis(files, heads, layers, _summary(header, layers, bool(excluded), files))
+    summary = _summary(header, layers, bool(excluded), files, not_drawn)
+    return Analysis(files, heads, layers, summary)
 
 
 def analyze_attnconv(
@@ -305,7 +311,7 @@ def analyze_attnconv(
         single.description = labels[0]
         average = compute_attention(model, size, pixels)
     _say(progress, f"drawing the figures and writing the tables into {out}")
-    files, _ = attention_figures(
+    files, _, not_drawn = attention_figures(
         single, average, out, name, None if pixels is None else pixels[0], query, window
     )
     views = own_model_views(model, size, pixels, keep=ROLLOUT_IMAGES)
@@ -338,7 +344,7 @@ def analyze_attnconv(
         "attention distance: attention-weighted distance between query and key tokens, mean over "
         "queries" + ("" if pixels is None else " and images"),
     ]
-    return Analysis(files, heads, layers, _summary(header, layers, False, files))
+    return Analysis(files, heads, layers, _summary(header, layers, False, files, not_drawn))
 
 
 def analyze_transformed(

@@ -4,9 +4,13 @@ A head's ``m``-mass region for a query is the smallest set of key tokens, taken 
 of probability, that holds at least a fraction ``m`` of the attention (ties at the threshold are all
 included, so the region is well defined). The figure draws each region's outline along token
 edges, so what is drawn is exactly the region: for a hard head (all mass on one token) the 50% and
-90% contours are the outline of that one token. A diffuse head's regions spread over most of the
-grid and their outlines would tile it, so the figure outlines only concentrated regions
-(``is_concentrated``) and names the heads it leaves out.
+90% contours are the outline of that one token. A contour shows a head well when its region is
+one compact spot. A diffuse head's regions spread over most of the grid and their outlines would
+tile it; a head that attends to several separate spots (a lattice, rows and columns) has regions
+in pieces whose outlines, with those of the other heads, pile into a lattice no one can read. So
+the figure outlines only regions that are concentrated (``is_concentrated``) and in one piece
+(``is_one_piece``), names the heads it leaves out and why, and points to the maps, which show
+them.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from matplotlib.axes import Axes
 from matplotlib.collections import LineCollection
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
+from scipy import ndimage
 from torch import Tensor
 
 from attnconv.viz.labels import HeadAnchor, Panel, label_panels, query_marker
@@ -39,6 +44,13 @@ LINESTYLES: tuple[str, ...] = ("solid", "dashed", "dotted", "dashdot")
 MAX_AREA = 0.25
 # Relative slack when comparing cumulative sums with the target mass (float rounding).
 _MASS_RTOL = 1e-6
+# Width of a legend entry in inches ("50% of the mass" at 8 points, its line and the gap):
+# the legend takes as many columns as fit the figure's width.
+LEGEND_ENTRY_WIDTH = 1.3
+# Why a head's contours are not drawn (``head_regions``), as the panels name it.
+DIFFUSE = "diffuse"
+SCATTERED = "several spots"
+NO_MASS = "all on the padding"
 
 
 def mass_threshold(values: Tensor | np.ndarray, mass: float) -> float:
@@ -88,10 +100,54 @@ def region_outline(mask: np.ndarray) -> np.ndarray:
 
 
 def is_concentrated(region: np.ndarray, mass: float, max_area: float) -> bool:
-    """Whether a ``mass`` region (boolean mask over the ``N`` key tokens) is worth outlining: it
-    covers at most ``max_area · mass · N`` tokens, a ``max_area`` fraction of the tokens that
-    uniform attention spreads that mass over."""
+    """Whether a ``mass`` region (boolean mask over the ``N`` key tokens) is small enough to
+    outline: it covers at most ``max_area · mass · N`` tokens, a ``max_area`` fraction of the
+    tokens that uniform attention spreads that mass over."""
     return int(np.count_nonzero(region)) <= max_area * mass * region.size
+
+
+def is_one_piece(region: np.ndarray) -> bool:
+    """Whether the tokens of a boolean ``(h, w)`` region form one piece, each touching another
+    at an edge or a corner (8-connected)."""
+    return ndimage.label(region, structure=np.ones((3, 3)))[1] == 1
+
+
+def head_regions(
+    values: Tensor | np.ndarray, masses: Sequence[float], max_area: float
+) -> tuple[list[tuple[float, np.ndarray]], str | None]:
+    """The regions of one head's ``(h, w)`` map worth outlining, ``(mass, region)`` for each of
+    ``masses`` whose region is concentrated (``max_area``) and in one piece, and, when there are
+    none, why: ``NO_MASS`` (the map holds no mass), ``SCATTERED`` (some region is concentrated,
+    but in pieces: several spots, a lattice) or ``DIFFUSE``."""
+    values = _as_array(values)
+    if not values.sum() > 0:
+        return [], NO_MASS
+    concentrated = [
+        (mass, region)
+        for mass in masses
+        if is_concentrated(region := mass_region(values, mass), mass, max_area)
+    ]
+    drawn = [(mass, region) for mass, region in concentrated if is_one_piece(region)]
+    if drawn:
+        return drawn, None
+    return [], SCATTERED if concentrated else DIFFUSE
+
+
+def outlined_heads(
+    maps: AttentionMaps,
+    query: tuple[int, int] | None = None,
+    masses: Sequence[float] = MASSES,
+    max_area: float = MAX_AREA,
+) -> int:
+    """How many heads, over all layers, ``contour_figure`` outlines for ``query`` (0: its panels
+    would be empty)."""
+    query = default_query(maps.grid) if query is None else tuple(int(v) for v in query)
+    query_index(query, maps.grid)
+    return sum(
+        head_regions(layer_maps[head], masses, max_area)[1] is None
+        for layer_maps in maps.query_maps(query)
+        for head in range(layer_maps.shape[0])
+    )
 
 
 def contour_figure(
@@ -105,12 +161,13 @@ def contour_figure(
     the token grid.
 
     Head ``h`` is drawn in ``palette_color(h)``; the i-th mass uses line style ``LINESTYLES[i]``.
-    A diffuse head would outline most of the grid, so a head's ``m``-region is drawn only when it
-    is concentrated (``is_concentrated`` with ``max_area``; 1 draws every region); each panel's
-    title lists the heads with no region drawn, and the figure says the rule. Every drawn head's
-    number (``labels.place_head_labels``) sits at the probability-weighted centre of its smallest
-    drawn region, or near it without covering another number or the query token's marker (a black
-    X). Each outline is a ``LineCollection`` with gid ``"layer{l}-head{h}-mass{m}"``.
+    A head's ``m``-region is drawn only when a contour shows it well (``head_regions``):
+    concentrated (``is_concentrated`` with ``max_area``; 1 / min(masses) lets every size through)
+    and in one piece (``is_one_piece``). Each panel's title lists the heads with no region drawn
+    and why (diffuse, in several spots), and the figure says the rule and that the maps show
+    those heads. Every drawn head's number (``labels.place_head_labels``) sits at the peak of its
+    map, or near it without covering another number or the query token's marker (a black X).
+    Each outline is a ``LineCollection`` with gid ``"layer{l}-head{h}-mass{m}"``.
     """
     query = default_query(maps.grid) if query is None else tuple(int(v) for v in query)
     query_index(query, maps.grid)
@@ -126,29 +183,24 @@ def contour_figure(
     anchors: list[list[HeadAnchor]] = []
     for layer, layer_maps in enumerate(per_layer):
         ax = axes[layer]
-        layer_anchors, diffuse, _ = draw_head_contours(  # every map of a layer holds mass
+        layer_anchors, not_drawn = draw_head_contours(
             ax, layer_maps, query, masses, max_area, f"layer{layer}-"
         )
         anchors.append(layer_anchors)
-        panel = f"layer {layer}"
-        if diffuse:
-            panel += f"\nnot drawn (diffuse): {_heads_text(diffuse)}"
-        ax.set_title(panel, fontsize=9)
+        ax.set_title("\n".join([f"layer {layer}", *not_drawn_lines(not_drawn)]), fontsize=9)
         ax.set_xlabel("column (token)", fontsize=8)
         ax.set_ylabel("row (token)", fontsize=8)
-    handles = legend_handles(max(m.shape[0] for m in per_layer), masses, "query token")
+    handles = legend_handles(masses, "query token")
     fig.legend(
         handles=handles,
         loc="outside lower center",
-        ncol=min(len(handles), 6),
+        ncol=min(len(handles), max(1, int(fig.get_figwidth() / LEGEND_ENTRY_WIDTH))),
         fontsize=8,
         frameon=False,
     )
     heading = title or f"Attention mass contours for query token {query} ({maps.description})"
-    fig.suptitle(
-        heading + "\n" + wrap_text(_rule_text(masses, max_area, h * w), fig, 10),
-        fontsize=10,
-    )
+    rule = rule_text(masses, max_area, "tokens", h * w)
+    fig.suptitle(wrap_text(f"{heading}\n{rule} The maps show them.", fig, 10), fontsize=10)
     marker = query_marker(query[1], query[0])
     label_panels(
         fig,
@@ -167,57 +219,56 @@ def draw_head_contours(
     masses: Sequence[float] = MASSES,
     max_area: float = MAX_AREA,
     gid_prefix: str = "",
-) -> tuple[list[HeadAnchor], list[int], list[int]]:
+) -> tuple[list[HeadAnchor], dict[str, list[int]]]:
     """Onto ``ax``: the thin grid of the ``(heads, h, w)`` maps' pixels, the query marker at
-    ``query = (row, col)`` and every head's concentrated ``masses`` regions outlined (head ``h``
-    in ``palette_color(h)``, the i-th mass in ``LINESTYLES[i]``; gid
+    ``query = (row, col)`` and the regions of every head that ``head_regions`` keeps outlined
+    (head ``h`` in ``palette_color(h)``, the i-th mass in ``LINESTYLES[i]``; gid
     ``"{gid_prefix}head{h}-mass{m}"``), limits on the grid. Returns the anchors of the drawn heads'
-    numbers (at each one's peak), the heads left out as diffuse and those left out because their
-    map holds no mass (a transformed layer's head whose attention is all on the padding)."""
+    numbers (at each one's peak) and the heads left out by why (``DIFFUSE``, ``SCATTERED``,
+    ``NO_MASS``: a transformed layer's head whose attention is all on the padding), in that order,
+    only the reasons that apply."""
     h, w = layer_maps.shape[1:]
     ax.add_collection(token_grid_lines(h, w))
     ax.plot(query[1], query[0], zorder=7, **QUERY_MARKER)
-    anchors, diffuse, empty = [], [], []
+    styles = dict(zip(masses, LINESTYLES, strict=False))
+    anchors: list[HeadAnchor] = []
+    not_drawn: dict[str, list[int]] = {DIFFUSE: [], SCATTERED: [], NO_MASS: []}
     for head in range(layer_maps.shape[0]):
         values = _as_array(layer_maps[head])
-        if not values.sum() > 0:
-            empty.append(head)
+        drawn, why = head_regions(values, masses, max_area)
+        if why is not None:
+            not_drawn[why].append(head)
             continue
-        color = palette_color(head)
-        drawn = []
-        for mass, style in zip(masses, LINESTYLES, strict=False):
-            region = mass_region(values, mass)
-            if not is_concentrated(region, mass, max_area):
-                continue
+        for mass, region in drawn:
             lines = LineCollection(
                 region_outline(region),
-                colors=color,
-                linestyles=style,
+                colors=palette_color(head),
+                linestyles=styles[mass],
                 linewidths=2.0 if mass == masses[0] else 1.3,
                 zorder=4,
             )
             lines.set_gid(f"{gid_prefix}head{head}-mass{mass:g}")
             ax.add_collection(lines)
-            drawn.append(region)
-        if not drawn:
-            diffuse.append(head)
-            continue
         peak = np.unravel_index(np.argmax(values), values.shape)
         anchors.append(HeadAnchor(head, float(peak[1]), float(peak[0])))
     ax.set_xlim(-0.5, w - 0.5)
     ax.set_ylim(h - 0.5, -0.5)
     ax.set_aspect("equal")
     ax.tick_params(labelsize=7)
-    return anchors, diffuse, empty
+    return anchors, {why: heads for why, heads in not_drawn.items() if heads}
 
 
-def legend_handles(heads: int, masses: Sequence[float], query: str) -> list[Line2D]:
-    """The legend of a contour figure: a line per head colour, one per mass's line style, and the
-    query marker (labelled ``query``)."""
+def not_drawn_lines(not_drawn: dict[str, list[int]]) -> list[str]:
+    """A panel title's lines naming the heads ``draw_head_contours`` left out, one per reason:
+    ``"not drawn (diffuse): heads 0, 2–5"``."""
+    return [f"not drawn ({why}): {_heads_text(heads)}" for why, heads in not_drawn.items()]
+
+
+def legend_handles(masses: Sequence[float], query: str) -> list[Line2D]:
+    """The legend of a contour figure: one line per mass's line style and the query marker
+    (labelled ``query``). Heads need no entry: each drawn head's number sits on its panel in a
+    box of its colour."""
     handles = [
-        Line2D([], [], color=palette_color(k), linewidth=2, label=f"head {k}") for k in range(heads)
-    ]
-    handles += [
         Line2D([], [], color="0.3", linestyle=style, label=f"{mass:.0%} of the mass")
         for mass, style in zip(masses, LINESTYLES, strict=False)
     ]
@@ -235,12 +286,20 @@ def token_grid_lines(h: int, w: int) -> LineCollection:
     return lines
 
 
-def _rule_text(masses: Sequence[float], max_area: float, tokens: int) -> str:
-    """The figure's statement of which regions are drawn."""
-    sizes = ", ".join(f"{math.floor(max_area * m * tokens)} for {m:.0%}" for m in masses)
+def rule_text(
+    masses: Sequence[float], max_area: float, unit: str, tokens: int | None = None
+) -> str:
+    """A contour figure's statement of which regions it outlines, on grids of ``unit``
+    (``"tokens"``, ``"pixels"``): with ``tokens``, the largest region of each mass on that
+    many."""
+    sizes = ""
+    if tokens is not None:
+        each = ", ".join(f"{math.floor(max_area * m * tokens)} for {m:.0%}" for m in masses)
+        sizes = f" ({each}, of {tokens} {unit})"
     return (
-        f"Only concentrated regions are outlined: at most {max_area:.0%} of the tokens uniform "
-        f"attention spreads that mass over ({sizes}, of {tokens} tokens)."
+        f"Outlined: regions in one piece ({unit} touching at an edge or corner) and concentrated, "
+        f"at most {max_area:.0%} of the {unit} uniform attention spreads that mass over{sizes}. "
+        "Heads left out (diffuse, several spots) are named under each panel's title."
     )
 
 

@@ -15,12 +15,13 @@ from torch import Tensor, nn
 from attnconv.errors import UserError
 from attnconv.models.transformed import TransformedNetwork
 from attnconv.runs import RunDir
-from attnconv.viz.contours import contour_figure
+from attnconv.viz.contours import contour_figure, outlined_heads
 from attnconv.viz.distance import add_distances, distance_figure, format_head_table, layer_distances
 from attnconv.viz.maps import (
     AttentionMaps,
     attention_layers,
     compute_attention,
+    default_query,
     is_position_only,
     map_grid_figure,
 )
@@ -180,8 +181,9 @@ def plot_model(
 ) -> PlotResult:
     """Write every figure of ``model`` (called ``name`` in titles) into ``out_dir``, PNG and PDF.
 
-    ``contours`` (mass contours per layer), ``maps`` (layer × head maps, zoomed to ``window`` tokens
-    around ``query`` when given), ``distance`` (attention distance per head and layer),
+    ``contours`` (mass contours per layer, unless no head's would be drawn: ``not_drawn`` says
+    so), ``maps`` (layer × head maps, zoomed to ``window`` tokens around ``query`` when given),
+    ``distance`` (attention distance per head and layer),
     ``trajectories`` (Gaussian centres over the ``checkpoints/epoch_*.pt`` of the run folder
     ``run``, when there are any) and ``heads.csv`` (the head table with attention distances).
     Models with content scores need ``images`` (float ``(B, C, H, W)`` in ``[0, 1]``) and a caption
@@ -211,10 +213,9 @@ def plot_model(
         maps = compute_attention(model, image_size, image[None])
         maps.description = labels[image_index]
         averaged = compute_attention(model, image_size, images[:num_images])
-    files, distances = attention_figures(
+    files, distances, not_drawn = attention_figures(
         maps, averaged, out, name, image, query, window, scale=scale
     )
-    not_drawn = []
     if is_gaussian(model) and run is not None:
         if run.epoch_checkpoints():
             trajectories = trajectory_figure(load_center_trajectories(run.root))
@@ -238,20 +239,30 @@ def attention_figures(
     query: tuple[int, int] | None = None,
     window: int | None = None,
     scale: str = "map",
-) -> tuple[list[Path], list[Tensor]]:
+) -> tuple[list[Path], list[Tensor], list[str]]:
     """The attention figures of ``plot_model`` from attention already computed, PNG and PDF:
     ``maps_average`` (of ``averaged``, when it is not ``maps`` itself), ``contours`` and ``maps``
     (of ``maps``, with ``image`` ``(C, H, W)`` beside them when given), ``distance`` (of
     ``averaged``; ``name`` goes into its title); ``scale`` the maps' colour scale
-    (``map_grid_figure``). Returns the files and each layer's ``(heads,)`` attention distances in
-    tokens."""
+    (``map_grid_figure``). ``contours`` is left out when it would outline no head
+    (``contours.outlined_heads``). Returns the files, each layer's ``(heads,)`` attention
+    distances in tokens and a line for each figure left out, saying why."""
     out = Path(out_dir)
     files: list[Path] = []
     if averaged is not maps:
         files += save_figure(
             map_grid_figure(averaged, query, window, scale=scale), out, "maps_average"
         )
-    files += save_figure(contour_figure(maps, query), out, "contours")
+    not_drawn = []
+    if outlined_heads(maps, query):
+        files += save_figure(contour_figure(maps, query), out, "contours")
+    else:
+        shown = default_query(maps.grid) if query is None else tuple(query)
+        not_drawn.append(
+            f"contours: no head's attention from query token {shown} ({maps.description}) is "
+            "concentrated in one piece (each is diffuse or in several spots), so every panel "
+            "would be empty; the maps show it"
+        )
     files += save_figure(
         map_grid_figure(maps, query, window, image=image, scale=scale), out, "maps"
     )
@@ -266,7 +277,7 @@ def attention_figures(
         out,
         "distance",
     )
-    return files, distances
+    return files, distances, not_drawn
 
 
 def pretrained_images(

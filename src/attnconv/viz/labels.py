@@ -70,6 +70,9 @@ class Panel:
 def label_panels(fig: Figure, panels: Sequence[Panel]) -> list[dict[int, Annotation]]:
     """Lay ``fig`` out, write the head numbers of every panel (``place_head_labels``), then keep
     that layout. Call it last, when everything else of the figure is drawn."""
+    # Twice: constrained layout measures the panels' titles where the previous layout put them,
+    # and the first one moves them (three-line titles would overlap the row above).
+    fig.draw_without_rendering()
     fig.draw_without_rendering()
     labels = [place_head_labels(p.ax, p.anchors, p.gid_prefix, p.avoid) for p in panels]
     fig.set_layout_engine("none")

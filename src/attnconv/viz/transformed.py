@@ -33,7 +33,14 @@ from torch import Tensor
 from attnconv.attention.transformed import TransformedConv2d
 from attnconv.models.modes import evaluating
 from attnconv.models.transformed import TransformedNetwork
-from attnconv.viz.contours import MASSES, MAX_AREA, draw_head_contours, legend_handles
+from attnconv.viz.contours import (
+    MASSES,
+    MAX_AREA,
+    draw_head_contours,
+    legend_handles,
+    not_drawn_lines,
+    rule_text,
+)
 from attnconv.viz.distance import _draw_distances
 from attnconv.viz.grid import assign_taps
 from attnconv.viz.labels import Marker, Panel, label_panels, query_marker
@@ -398,7 +405,7 @@ def transformed_contour_figure(
         ax.yaxis.set_major_locator(MaxNLocator(integer=True))
         query = layer.query_for_image_pixel(pixel)
         where = layer.query_positions()[query[0] * layer.query_grid[1] + query[1]].tolist()
-        anchors, diffuse, empty = draw_head_contours(
+        anchors, not_drawn = draw_head_contours(
             ax, layer.query_maps(query), where, masses, max_area, f"layer{index}-"
         )
         ends = [query_marker(where[1], where[0])]
@@ -412,14 +419,11 @@ def transformed_contour_figure(
             ends.append(Marker(col, row, TAP_MARKER))
         (h_out, w_out), (h, w) = layer.query_grid, layer.key_grid
         heading = f"{index}: {layer.name}\n{h}×{w} input, {h_out}×{w_out} output, query {query}"
-        for heads, why in ((diffuse, "diffuse"), (empty, "all on the padding")):
-            if heads:
-                heading += f"\nnot drawn ({why}): heads {', '.join(map(str, heads))}"
-        ax.set_title(heading, fontsize=8)
+        ax.set_title("\n".join([heading, *not_drawn_lines(not_drawn)]), fontsize=8)
         ax.set_xlabel("column (pixel of the layer's input)", fontsize=7)
         ax.set_ylabel("row (pixel)", fontsize=7)
         panels.append(Panel(ax, anchors, f"layer{index}-", ends))
-    handles = legend_handles(max(layer.heads for layer in layers), masses, "query")
+    handles = legend_handles(masses, "query")
     handles.append(
         Line2D([], [], marker="s", markerfacecolor="none", markeredgecolor="0.3",
                linestyle="none", label="kernel tap where the head started")
@@ -428,10 +432,7 @@ def transformed_contour_figure(
         handles=handles, loc="outside lower center", ncol=min(len(handles), 6), fontsize=8,
         frameon=False,
     )  # fmt: skip
-    rule = (
-        f"Only concentrated regions are outlined: at most {max_area:.0%} of the pixels uniform "
-        "attention spreads that mass over."
-    )
+    rule = rule_text(masses, max_area, "pixels")
     fig.suptitle(
         (title or f"Attention mass contours of the transformed layers from image pixel {pixel} "
          f"({layers[0].description})") + "\n" + wrap_text(rule, fig, 10),
