@@ -83,7 +83,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "transformed network an image pixel, each layer's query the output pixel nearest it",
     )
     parser.add_argument(
-        "--window", type=int, help="zoom the maps to this many patches around the query"
+        "--window",
+        type=int,
+        metavar="W",
+        help="zoom the maps to the patches within W rows and columns of the query (a "
+        "(2W+1)x(2W+1) square, clipped at the border; default: all)",
     )
     parser.add_argument("--data-dir", help="dataset folder (default: attnconv's data folder)")
 

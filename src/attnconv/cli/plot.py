@@ -31,7 +31,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--window",
         type=int,
-        help="zoom the maps to this many tokens around the query (default: all)",
+        metavar="W",
+        help="zoom the maps to the tokens within W rows and columns of the query (a "
+        "(2W+1)x(2W+1) square, clipped at the border; default: all)",
     )
     parser.add_argument(
         "--images",
@@ -51,7 +53,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=("map", "shared"),
         default="map",
         help="colour scale of the maps: each map from 0 to its own maximum (default), or one "
-        "scale shared by all maps",
+        "scale shared by all maps; either reaches at least 4/N (N tokens) so that near-uniform "
+        "maps stay dark",
     )
     parser.add_argument("--data-dir", help="dataset folder (default: attnconv's data folder)")
 
