@@ -36,12 +36,14 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from unittest import mock
 
 import torch
 from torch import Tensor
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from attnconv import MultiHeadSelfAttention2d
+from attnconv.attention import layer as layer_module
 from attnconv.hardware import PRECISIONS, machine_description, resolve_precision
 from naive_attention import _positional_logits, naive_attention_forward, use_naive_attention
 
@@ -92,7 +94,8 @@ def flex_forward(layer: MultiHeadSelfAttention2d, width: int,
     spread = layer.position.spread
     # Δ's two coordinates as tensors of their own: FlexAttention's CUDA backward takes one
     # indexing per tensor that needs gradients in a score_mod.
-    center_rows, center_cols = layer.position.centers.unbind(1)  # (heads,) each
+    # (heads,) each; contiguous copies: CPU inductor refuses strided views in a score_mod
+    center_rows, center_cols = (c.contiguous() for c in layer.position.centers.unbind(1))
     compiled = torch.compile(flex_attention) if compile else flex_attention
 
     def gaussian(score: Tensor, b: Tensor, h: Tensor, q: Tensor, k: Tensor) -> Tensor:
@@ -164,6 +167,8 @@ def peers(size: str, batch: int, repeats: int, device: torch.device, bf16: bool)
         "flex (compiled)": (flex_forward(layer, width), device.type == "cuda"),
         "naive per image": (lambda t: naive_attention_forward(layer, t), True),
     }
+    other_route_name, other_route = other_route_forward(layer, height * width, device)
+    candidates[other_route_name] = (other_route, True)
     floor_input = torch.randn(batch, height, width, heads * dim, device=device)
     result = {}
     for name, (forward, has_backward) in candidates.items():
@@ -176,23 +181,40 @@ def peers(size: str, batch: int, repeats: int, device: torch.device, bf16: bool)
         time_forward(layer.out, floor_input, grad, True, repeats),
     )
     if bf16:
-        result["layer, bf16 autocast"] = (
-            time_forward(layer, x, grad, False, repeats, autocast=True),
-            time_forward(layer, x, grad, True, repeats, autocast=True),
-        )
+        for name, forward in (("layer", layer), (other_route_name, other_route)):
+            result[f"{name}, bf16 autocast"] = (
+                time_forward(forward, x, grad, False, repeats, autocast=True),
+                time_forward(forward, x, grad, True, repeats, autocast=True),
+            )
     layer.zero_grad(set_to_none=True)
     return result
+
+
+def other_route_forward(layer: MultiHeadSelfAttention2d, tokens: int,
+                        device: torch.device) -> tuple[str, Callable[[Tensor], Tensor]]:
+    """The layer forced onto the position-only route its dispatch did not pick here (the shared
+    ``(heads, N, N)`` matrix or the separable factors, ``layer.SHARED_MAX_TOKENS``), with a row
+    name: where it is faster than the layer, the dispatch threshold is wrong for this machine."""
+    shared_now = layer_module.use_shared_route(device, tokens)
+    forced = {} if shared_now else {device.type: tokens}
+
+    def forward(x: Tensor) -> Tensor:
+        with mock.patch.object(layer_module, "SHARED_MAX_TOKENS", forced):
+            return layer(x)
+
+    return ("layer, separable route" if shared_now else "layer, shared route"), forward
 
 
 def report_peers(size: str, batch: int, times: dict) -> list[tuple[str, float, float, bool]]:
     """Print one size's table; returns its target checks ``(name, value, target, higher_is_ok)``."""
     layer_fwd, layer_both = times["layer"]
     print(f"\n{size} (batch {batch}), seconds; ratio = that time / the layer's time")
-    print(f"{'':<24}{'fwd s':>9}{'ratio':>8}{'fwd+bwd s':>11}{'ratio':>8}")
+    width = max(map(len, times)) + 2
+    print(f"{'':<{width}}{'fwd s':>9}{'ratio':>8}{'fwd+bwd s':>11}{'ratio':>8}")
     for name, (fwd, both) in times.items():
         both_cols = f"{both:>11.4f}{both / layer_both:>7.2f}x" if both is not None else (
             f"{'(no CPU backward)':>19}")
-        print(f"{name:<24}{fwd:>9.4f}{fwd / layer_fwd:>7.2f}x{both_cols}")
+        print(f"{name:<{width}}{fwd:>9.4f}{fwd / layer_fwd:>7.2f}x{both_cols}")
     checks = []
     peer_times = [both for name, (_, both) in times.items()
                   if name in ("shared dense", "flex (compiled)", "naive per image")
@@ -205,6 +227,10 @@ def report_peers(size: str, batch: int, times: dict) -> list[tuple[str, float, f
         print(f"bound: best peer / projection floor = {bound:.2f}x, the most any implementation "
               f"that runs the projection can reach on this machine (layer reaches "
               f"{min(peer_times) / layer_both / bound:.0%} of it)")
+    for name, (_, both) in times.items():
+        if name.startswith("layer, ") and name.endswith("route"):
+            checks.append((f"{size}: {name.removeprefix('layer, ')} / layer's route, fwd+bwd",
+                           both / layer_both, 1.0, True))
     if size == "paper":
         checks.append(("paper: layer / projection floor, fwd+bwd",
                        layer_both / times["floor: projection"][1], FLOOR_TARGET, False))
