@@ -30,7 +30,7 @@ from attnconv.viz.export import (
     write_explorer,
     write_site,
 )
-from attnconv.viz.maps import compute_attention
+from attnconv.viz.maps import FLOOR, compute_attention, scale_top
 from explorer_helpers import ACCURACY, TRANSFORMED_ACCURACY, recorded_model, shipped_folder
 from viz_helpers import small_model
 
@@ -101,6 +101,11 @@ def canvas_rgb(page, layer, head):
     return np.array(data).reshape(-1, 4)[:, :3]
 
 
+def colours(values, top):
+    """The viridis colours the page draws ``values`` in on a probability scale from 0 to ``top``."""
+    return VIRIDIS[np.clip(np.round(255 * values / top), 0, 255).astype(int)]
+
+
 @pytest.mark.parametrize("preset", ["quadratic", "learned", "quadratic-generalized"])
 def test_position_only_explorer(browser, tmp_path, preset):
     model, _ = small_model(preset, image_size=(12, 12), stem=2)
@@ -123,7 +128,7 @@ def test_position_only_explorer(browser, tmp_path, preset):
         for layer, p in enumerate(probs):
             np.testing.assert_allclose(maps[layer], p[:, index], atol=tolerance)
         values = maps[0][1]
-        expected_rgb = VIRIDIS[np.round(255 * values / values.max()).astype(int)]
+        expected_rgb = colours(values, scale_top(values.max(), 36))
         np.testing.assert_array_equal(canvas_rgb(page, 0, 1), expected_rgb)
         shown.append(maps)
     assert np.abs(shown[0][1] - shown[1][1]).max() > 0.05  # the maps followed the query
@@ -266,7 +271,9 @@ def switch_model(page, index, name):
     page.wait_for_function(f"window.attnconv.ready && window.attnconv.model == {index}")
     assert page.locator("#model-name").inner_text() == name
     assert name in page.title()
-    accuracy = f"test accuracy {100 * {**ACCURACY, **TRANSFORMED_ACCURACY}[name]:.1f}% on fashion-mnist"
+    accuracy = (
+        f"test accuracy {100 * {**ACCURACY, **TRANSFORMED_ACCURACY}[name]:.1f}% on fashion-mnist"
+    )
     assert page.locator("#accuracy").inner_text() == accuracy
 
 
@@ -311,18 +318,15 @@ def test_shipped_models_on_one_page(browser, shipped_site):
     assert after == pytest.approx(float(probs[1][2, 12 * 14 + 3, key[0] * 14 + key[1]]), rel=1e-3)
     assert abs(after - before) > 1e-3 * before
 
-    # colour bar: per map from 0 to the map's maximum, or one scale for all maps
+    # colour bar: per map from 0 to the map's maximum, or one scale for all maps (at least 4/N)
     values = displayed(page)
-    assert page.locator("#colorbar-hi").inner_text() == "max"
+    assert page.locator("#colorbar-hi").inner_text() == "max (≥ 4/N)"
     np.testing.assert_array_equal(
-        canvas_rgb(page, 2, 5),
-        VIRIDIS[np.round(255 * values[2][5] / values[2][5].max()).astype(int)],
+        canvas_rgb(page, 2, 5), colours(values[2][5], scale_top(values[2][5].max(), 196))
     )
     page.locator("input[name=scale][value=shared]").check()
-    top = max(v.max() for v in values)
-    np.testing.assert_array_equal(
-        canvas_rgb(page, 2, 5), VIRIDIS[np.round(255 * values[2][5] / top).astype(int)]
-    )
+    top = scale_top(max(v.max() for v in values), 196)
+    np.testing.assert_array_equal(canvas_rgb(page, 2, 5), colours(values[2][5], top))
     assert float(page.locator("#colorbar-hi").inner_text()) == pytest.approx(top, rel=5e-3)
     page.locator("input[name=scale][value=map]").check()
 
@@ -708,9 +712,74 @@ def test_the_uniform_level_is_named_and_marked(browser, shipped_site):
     mark = page.locator("#colorbar-uniform")
     assert mark.is_visible() and mark.inner_text() == "1/N"
     track = page.locator("#colorbar-track").bounding_box()
-    top = max(m.max() for m in maps)
+    top = scale_top(max(m.max() for m in maps), 196)
     expected = track["x"] + track["width"] * (1 / 196) / top
     assert mark.bounding_box()["x"] == pytest.approx(expected, abs=2)
+    page.close()
+
+
+def test_near_uniform_maps_stay_dark_and_peaked_maps_reach_the_top_colour(browser, tmp_path):
+    """Probability scales reach at least 4/N, per map and shared: a head spread over the whole
+    6x6 grid (its maximum about 1.03/N) is drawn in the dark quarter of the colour map, a head on
+    one token reaches its top colour; logits keep the scale from their minimum to their maximum."""
+    model, _ = small_model("quadratic", image_size=(12, 12), stem=2)
+    with torch.no_grad():
+        position = model.attention_layers()[0].position
+        position.centers.zero_()
+        position.spread[0] = 0.05  # near-uniform
+        position.spread[1] = 3.0  # all but on the query token
+    content, _ = small_model("learned-content")
+    images = torch.rand(1, 1, 8, 8, generator=torch.Generator().manual_seed(5))
+    site = [
+        SiteModel("gaussian", model, (12, 12)),
+        SiteModel("content", content, (8, 8), images=images),
+    ]
+    write_explorer(site, tmp_path)
+    page, errors = open_site(browser, tmp_path)
+    caption = page.locator("#colorbar-caption").inner_text()
+    assert caption == (
+        "probability, each map from 0 to its maximum "
+        "(at least 4/N so that near-uniform maps stay dark), printed under it"
+    )
+    assert "least 4/N (N the map's key tokens)" in page.locator(".help").inner_text()
+    click_token(page, (2, 3), (6, 6))
+    maps = displayed(page)
+    uniform, peaked = maps[0][:2]
+    assert 1.0 < 36 * uniform.max() < 1.1 and peaked.max() > 0.9
+    for scale in ("map", "shared"):
+        page.locator(f"input[name=scale][value={scale}]").check()
+        page.wait_for_function(f"window.attnconv.state.scale == '{scale}'")
+        top = FLOOR / 36 if scale == "map" else scale_top(max(m.max() for m in maps), 36)
+        assert page.evaluate("window.attnconv.scales[0][0][1]") == pytest.approx(top, rel=1e-12)
+        drawn = canvas_rgb(page, 0, 0)
+        np.testing.assert_array_equal(drawn, colours(uniform, top))
+        # the brightest token of the near-uniform map: at most a quarter up the colour map
+        brightest = np.abs(VIRIDIS[None] - drawn[:, None]).sum(-1).argmin(1).max()
+        assert brightest <= round(255 * 1.1 / 4)
+        # the peaked map on the query token: the colour of its maximum on this scale, the top
+        # colour (or next to it on the shared scale, whose top may be another map's maximum)
+        np.testing.assert_array_equal(
+            canvas_rgb(page, 0, 1),
+            colours(peaked, scale_top(peaked.max(), 36) if scale == "map" else top),
+        )
+        assert np.abs(canvas_rgb(page, 0, 1)[2 * 6 + 3] - VIRIDIS[255]).max() <= 3
+    caption = page.locator("#colorbar-caption").inner_text()
+    assert caption.endswith(
+        "0 to their largest value (at least 4/N so that near-uniform maps stay dark)"
+    )
+    page.locator("input[name=scale][value=map]").check()
+    page.screenshot(path=tmp_path / "near-uniform.png", full_page=True)
+    # logits have no uniform level: each map still spans its minimum to its maximum
+    page.locator("#model-select").select_option("1")
+    page.wait_for_function("window.attnconv.ready && window.attnconv.model == 1")
+    page.locator("#softmax").uncheck()
+    page.wait_for_function("window.attnconv.ready && !window.attnconv.state.softmax")
+    assert page.locator("#colorbar-hi").inner_text() == "max"
+    values = displayed(page)[1][2]
+    lo, hi = values.min(), values.max()
+    expected = VIRIDIS[np.round(255 * (values - lo) / (hi - lo)).astype(int)]
+    np.testing.assert_array_equal(canvas_rgb(page, 1, 2), expected)
+    assert errors == []
     page.close()
 
 
@@ -812,9 +881,10 @@ def test_class_token_and_rollout_views_draw_the_recorded_attention(browser, clas
     (shown,) = displayed(page)
     np.testing.assert_allclose(shown, rows[[1 + 2 * 4 + 1, 0]], atol=2e-5)
     # the query's own weight is left out of its map's scale: the largest other key is the top
+    # (at least 4/N)
     others = np.delete(shown[0], 2 * 4 + 1)
     top = page.evaluate("window.attnconv.scales[0][0][1]")
-    assert top == pytest.approx(others.max(), abs=1e-12)
+    assert top == pytest.approx(scale_top(others.max(), 16), abs=1e-12)
     hovered = at_token(page.locator("#maps .map canvas").first.bounding_box(), (0, 3), (4, 4))
     page.mouse.move(*hovered)
     text = page.locator("#hover-readout").inner_text()

@@ -7,7 +7,8 @@ case. The site is ``index.html``, ``app.js``, ``style.css`` (package data,
 ``attnconv/viz/explorer/``) and the data as JavaScript files, because browsers refuse ``fetch`` of
 local files under ``file://`` but run ``<script>``s:
 
-* ``data.js``: ``window.ATTNCONV_SITE``, the manifest: the colour map, every model's name,
+* ``data.js``: ``window.ATTNCONV_SITE``, the manifest: the colour map, the ``floor`` of the
+  probability colour scales (``maps.FLOOR``: each reaches at least ``floor/N``), every model's name,
   description, dataset, test accuracy, grid, heads per layer and its ``model.js``, and the models
   left out (``skipped``: name and reason).
 * ``models/I/model.js``, loaded when model ``I`` is first shown: its description, test images
@@ -76,7 +77,7 @@ from attnconv.errors import UserError
 from attnconv.models.modes import evaluating
 from attnconv.models.transformed import TransformedNetwork
 from attnconv.runs import parse_json
-from attnconv.viz.maps import attention_layers, compute_attention, token_grid
+from attnconv.viz.maps import FLOOR, attention_layers, compute_attention, token_grid
 from attnconv.viz.rollout import rollout_rows
 from attnconv.viz.site_check import (
     SiteError,
@@ -602,6 +603,7 @@ def write_explorer(
         "version": VERSION,
         "title": title,
         "colormap": colormap_bytes(),
+        "floor": FLOOR,
         "models": [],
         "skipped": [{"name": name, "reason": why} for name, why in (skipped or {}).items()],
     }

@@ -22,6 +22,9 @@
   }
   window.ATTNCONV_FILES = window.ATTNCONV_FILES || {};
   const CMAP = bytes(SITE.colormap);
+  // A probability scale reaches at least FLOOR/N (N the map's keys): a near-uniform map stays in
+  // the colour map's dark end instead of taking its brightest colours (attnconv.viz.maps.FLOOR).
+  const FLOOR = SITE.floor;
   const HOVER_HELP = "Hover or tap a map to read its values.";
 
   // The model shown: its data (model.js), decoded layers, decoded image files, the picker's token
@@ -422,6 +425,12 @@
     values.forEach((v, k) => { if (k !== skip) { lo = Math.min(lo, v); hi = Math.max(hi, v); } });
     return [lo, hi];
   }
+  // The colour scale of a map of n keys whose values span [lo, hi]: probabilities from 0 to hi
+  // but at least FLOOR/n (attnconv.viz.maps.scale_top), logits from lo to hi (they have no
+  // uniform level: a softmax looks the same for logits shifted by any constant).
+  function colourRange([lo, hi], probabilities, n) {
+    return probabilities ? [0, Math.max(hi, FLOOR / n)] : [lo, hi];
+  }
 
   function drawMap(canvas, values, [lo, hi]) {
     const ctx = canvas.getContext("2d");
@@ -472,7 +481,11 @@
     // (drawn in its top colour), or every other token would be dark
     const skipped = (index) => view.state.view === "rollout" && index === 0 ? view.state.query[0] * W + view.state.query[1] : -1;
     const ranges = maps.map((row) => row.map((values, index) => values && range(values, probabilities, skipped(index))));
-    const present = ranges.flat().filter(Boolean);
+    const colours = ranges.map((row, layer) => row.map((r, head) => {
+      const [kh, kw] = cells[layer][head].grid;
+      return r && colourRange(r, probabilities, kh * kw);
+    }));
+    const present = colours.flat().filter(Boolean);
     const shared = present.length
       ? [Math.min(...present.map((r) => r[0])), Math.max(...present.map((r) => r[1]))]
       : [0, 1];
@@ -489,7 +502,8 @@
         return null;
       }
       const [lo, hi] = ranges[layer][head];
-      drawMap(canvas, values, view.state.scale === "shared" ? shared : [lo, hi]);
+      const colour = view.state.scale === "shared" ? shared : colours[layer][head];
+      drawMap(canvas, values, colour);
       if (probabilities) {
         const off = skipped(head) >= 0 ? " off the query" : "";
         caption(scale, [["value", formatValue(hi)], ["times", ` = ${uniformMultiple(hi, grid[0] * grid[1])}${off}`]]);
@@ -497,7 +511,7 @@
         const [a, b] = formatRange(lo, hi);
         caption(scale, [["value", `${a} … ${b}`]]);
       }
-      return view.state.scale === "shared" ? shared : [lo, hi];
+      return colour;
     }));
     view.maps = maps;
     mapErrors = errors;
@@ -531,24 +545,29 @@
   function drawColorbar(probabilities, shared) {
     const kind = valueName(probabilities);
     const mark = $("colorbar-uniform");
+    const floor = `at least ${FLOOR}/N so that near-uniform maps stay dark`;
     if (view.state.scale === "shared") {
       const [lo, hi] = probabilities ? shared.map(formatValue) : formatRange(...shared);
       $("colorbar-lo").textContent = lo;
       $("colorbar-hi").textContent = hi;
-      $("colorbar-caption").textContent = `${kind}, one scale for all maps`;
+      $("colorbar-caption").textContent = probabilities
+        ? `${kind}, one scale for all maps, 0 to their largest value (${floor})`
+        : `${kind}, one scale for all maps`;
     } else {
       $("colorbar-lo").textContent = probabilities ? "0" : "min";
-      $("colorbar-hi").textContent = "max";
-      $("colorbar-caption").textContent = `${kind}, each map from ${probabilities ? "0" : "its minimum"} to its maximum, printed under it`;
+      $("colorbar-hi").textContent = probabilities ? `max (≥ ${FLOOR}/N)` : "max";
+      $("colorbar-caption").textContent = probabilities
+        ? `${kind}, each map from 0 to its maximum (${floor}), printed under it`
+        : `${kind}, each map from its minimum to its maximum, printed under it`;
     }
     // the uniform level 1/N: where a head that looks everywhere alike would sit (N the keys of
     // a layer: one level for the whole bar only when every layer has the same keys)
     const counts = [...new Set(cells.flat().map(({ grid }) => grid[0] * grid[1]))];
     const uniform = 1 / counts[0];
-    const span = shared[1] - shared[0];
-    const onBar = probabilities && counts.length === 1 && view.state.scale === "shared" && span > 0 && uniform <= shared[1];
+    // a probability scale starts at 0 and reaches at least FLOOR/N, past 1/N
+    const onBar = probabilities && counts.length === 1 && view.state.scale === "shared";
     mark.hidden = !onBar;
-    if (onBar) mark.style.left = `${(100 * (uniform - shared[0])) / span}%`;
+    if (onBar) mark.style.left = `${(100 * uniform) / shared[1]}%`;
     const level = counts.length === 1
       ? `1/N = ${formatValue(uniform)} on each of the N = ${counts[0]} tokens`
       : `1/N on each of a layer's N input pixels (N = ${counts.join(", ")} by layer)`;
@@ -834,6 +853,7 @@
   // ------------------------------------------------------------------ start
 
   $("site-title").textContent = SITE.title;
+  $("help-floor").textContent = FLOOR;
   const select = $("model-select");
   SITE.models.forEach((info, i) => {
     const option = document.createElement("option");
