@@ -1,4 +1,4 @@
-"""Attention with content scores: all logits of a head from one batched matrix product.
+"""Attention with content scores: the logits of a head from batched matrix products.
 
 The logits of a content layer (docs/theory.md §1) are, for query pixel ``q = (q1, q2)`` and key
 pixel ``k = (k1, k2)``,
@@ -15,18 +15,34 @@ logits, each key by the indicators (one-hot) of its row and column,
 so no ``(B, heads, N, N)`` content × position tensor is built, and its gradient arrives through
 ``Q'`` (``dA · [e_{k1}, e_{k2}]``). A term shared by the batch (the positional score of a layer
 without content × position) is instead added as one ``(heads, N, N)`` bias, its gradient summed
-over the batch: at the Fashion-MNIST size (14×14 tokens, 9 heads of 16, batch 100) on a 2-core
-AMD Zen 3 that trained the layer 1.3× faster than ``scaled_dot_product_attention`` with the bias
-as mask (the path this replaced), folding it only 1.05× (a product 16 + 28 wide costs more than an
-add from cache).
+over the batch (folding it, a product 16 + 28 wide, cost more than an add from cache).
 
-Then ``torch.softmax`` (one pass; a hand-written max-subtract / exp / sum / divide took twice as
-long there, in float32 and bfloat16), dropout, the weighted sum, and a custom backward with the
-products the gradients need (none for the indicators). Attention dropout is the usual independent
-mask per image, head and entry, drawn by ``F.dropout`` on a tensor of the probabilities' shape as
-the layer's dense path draws it (the same random numbers give the same mask). The products run in
-the dtype that is fast on the device (``attnconv.hardware.compute_dtype``): bfloat16 where it is
-native, float32 where bfloat16 would be emulated.
+Routes (``content_attention`` picks one; all exact, tested against explicit float64 attention):
+
+* **fused**: where neither the probabilities nor dropout are wanted and nothing is folded,
+  ``scaled_dot_product_attention`` with the bias as a ``(1, heads, N, N)`` mask (a 4-D mask is
+  what the fused kernels take), where it measured faster (``uses_sdpa``). On a CPU only without
+  gradients (its fused kernel has no gradient for a mask), in float32 or float64: at the
+  Fashion-MNIST size (14×14 tokens, 9 heads of 16, batch 100; AMD EPYC Zen 5, one thread) as fast
+  as the folded route's blocks and 1.35× faster than its whole-batch products, while in bfloat16
+  the blocks ran 1.25× faster than the fused kernel. On a GPU in 16-bit floats, with gradients
+  (the memory-efficient kernel returns the mask's) or without: on an NVIDIA H200 at batch 1000,
+  1.2× (forward+backward) and 2.6× (no-grad) faster than the folded route in bfloat16, while in
+  float32 the folded route was faster (1.35× and 1.1×).
+* **folded**: ``torch.softmax`` (one pass; a hand-written max-subtract / exp / sum / divide took
+  twice as long), dropout, the weighted sum, and a custom backward with the products the
+  gradients need (none for the indicators). On a CPU the ``(B, heads, N, N)`` products run a block
+  of (image, head) slices at a time (``blocks``, ``BLOCK_ENTRIES``), so that the logits, the
+  probabilities and their gradients of a block are used while in the core's cache, the bias is
+  added within the product of a one-image block (``baddbmm``) and its gradient summed there; on
+  other devices one block is the whole batch (small products would idle a GPU). Without gradients
+  and probabilities nothing is kept for a backward.
+
+Attention dropout is the usual independent mask per image, head and entry, drawn by ``F.dropout``
+on a tensor of the probabilities' shape as the layer's dense path draws it (the same random numbers
+give the same mask). The products run in the dtype that is fast on the device
+(``attnconv.hardware.compute_dtype``): bfloat16 where it is native, float32 where bfloat16 would be
+emulated.
 """
 
 from __future__ import annotations
@@ -67,7 +83,8 @@ def content_attention(
     col: Tensor | None = None,
     bias: Tensor | None = None,
     dropout: float = 0.0,
-) -> tuple[Tensor, Tensor]:
+    return_probs: bool = True,
+) -> tuple[Tensor, Tensor | None]:
     """Softmax attention over the logits of the module docstring; returns ``(out, probs)``.
 
     Args:
@@ -79,11 +96,13 @@ def content_attention(
             a key in row ``k1`` and column ``k2``; both or neither.
         bias: ``(heads, N, N)`` logits shared by the batch, added as they are.
         dropout: probability of dropping each attention weight (0 outside training).
+        return_probs: return the probabilities; ``False`` returns ``None`` in their place and lets
+            the fused route run (module docstring).
     Returns:
-        ``out (B, heads, N, dv)`` and ``probs (B, heads, N, N)``, the attention before dropout;
-        both carry gradients. Both are in the compute dtype: the inputs' common dtype, or where
-        autocast is on (and that is not float64) autocast's dtype for matrix products; float32
-        where the device would emulate it (``attnconv.hardware.compute_dtype``).
+        ``out (B, heads, N, dv)`` and ``probs (B, heads, N, N)`` (or ``None``), the attention
+        before dropout; both carry gradients. Both are in the compute dtype: the inputs' common
+        dtype, or where autocast is on (and that is not float64) autocast's dtype for matrix
+        products; float32 where the device would emulate it (``attnconv.hardware.compute_dtype``).
     """
     if (query is None) != (key is None) or (row is None) != (col is None):
         raise ValueError("content_attention needs query with key and row with col")
@@ -99,7 +118,26 @@ def content_attention(
     if autocasts and torch.is_autocast_enabled(device_type) and dtype != torch.float64:
         dtype = torch.get_autocast_dtype(device_type)  # what autocast gives matrix products
     dtype = compute_dtype(dtype, value.device)
+    needs_grad = torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (query, key, value, row, col, bias)
+    )
     with torch.autocast(device_type, enabled=False) if autocasts else contextlib.nullcontext():
+        if (
+            not return_probs
+            and dropout == 0.0
+            and row is None
+            and query is not None
+            and value.shape[-1] == query.shape[-1]
+            and uses_sdpa(value.device, dtype, needs_grad)
+        ):
+            out = F.scaled_dot_product_attention(
+                query.to(dtype),
+                key.to(dtype),
+                value.to(dtype).expand(batch, heads, n, value.shape[-1]),
+                attn_mask=None if bias is None else bias.to(dtype)[None],
+                scale=1.0,
+            )
+            return out, None
         parts, indicators = [], None
         if query is not None:
             parts.append(query.to(dtype))
@@ -116,14 +154,64 @@ def content_attention(
             ]
             indicators = key_indicators(height, width, dtype=dtype, device=value.device)
         queries = parts[0].contiguous() if len(parts) == 1 else torch.cat(parts, dim=-1)
-        return _FoldedAttention.apply(
-            queries,
-            key,
-            indicators,
-            value.to(dtype).contiguous(),
-            None if bias is None else bias.to(dtype),
-            float(dropout),
-        )
+        value = value.to(dtype).contiguous()
+        bias = None if bias is None else bias.to(dtype)
+        if not (needs_grad or return_probs or dropout > 0.0):
+            return _attend(queries, _keys(key, indicators, batch, heads, n), value, bias)[0], None
+        out, probs = _FoldedAttention.apply(queries, key, indicators, value, bias, float(dropout))
+        return out, probs if return_probs else None
+
+
+def uses_sdpa(device: torch.device, dtype: torch.dtype, needs_grad: bool) -> bool:
+    """Whether attention the fused route can compute (no probabilities, dropout or folded terms)
+    takes it on ``device`` in ``dtype``, where it measured faster than the folded route (module
+    docstring): on a CPU without gradients, in float32 or float64; elsewhere (a GPU) in 16-bit
+    floats, with gradients or without."""
+    if device.type == "cpu":
+        return not needs_grad and dtype in (torch.float32, torch.float64)
+    return dtype in (torch.bfloat16, torch.float16)
+
+
+BLOCK_ENTRIES = 1 << 19
+"""Entries of ``(N, N)`` logits the folded route computes at a time per CPU thread (``blocks``).
+Measured on an AMD EPYC Zen 5 (1 MiB of L2 cache per core), one thread, at the Fashion-MNIST size
+(one image: 9 heads of 196 × 196 = 346k entries, 1.4 MB in float32): forward+backward with blocks
+of one image (this budget) took 0.74× the time of whole-batch products in float32 and 0.82× in
+bfloat16; blocks of three images 0.83× and 0.80×, of six heads 0.75× and 0.91×."""
+
+
+def block_entries(device: torch.device) -> float:
+    """Entries of logits per block of the folded route on ``device``: ``BLOCK_ENTRIES`` per thread
+    on a CPU, unbounded elsewhere (one block, the whole batch: a GPU wants few, large products)."""
+    return BLOCK_ENTRIES * torch.get_num_threads() if device.type == "cpu" else float("inf")
+
+
+def blocks(batch: int, heads: int, n: int, budget: float) -> list[tuple[slice, slice]]:
+    """``(images, heads)`` index pairs of the blocks covering ``(batch, heads)`` slices of ``n × n``
+    entries, at most ``budget`` entries a block (at least one slice): whole images when one fits,
+    else the heads of one image a few at a time."""
+    per_block = max(1, int(min(batch * heads, budget // (n * n))))  # slices per block
+    if per_block < heads:
+        return [
+            (slice(b, b + 1), slice(h, min(heads, h + per_block)))
+            for b in range(batch)
+            for h in range(0, heads, per_block)
+        ]
+    images = per_block // heads
+    return [(slice(b, min(batch, b + images)), slice(None)) for b in range(0, batch, images)]
+
+
+def _keys(key: Tensor | None, indicators: Tensor | None, batch: int, heads: int, n: int) -> Tensor:
+    """``K' = [K, E]`` ``(B, heads, N, d + H + W)``, or ``K`` or ``E`` alone (module docstring)."""
+    if indicators is None:
+        return key
+    indicators = indicators.expand(batch, heads, n, indicators.shape[-1])
+    return indicators if key is None else torch.cat([key, indicators], dim=-1)
+
+
+def _value_block(value: Tensor, images: slice, heads: slice) -> Tensor:
+    """The values of a block: its heads, or the one head all heads share."""
+    return value[images] if value.shape[1] == 1 else value[images, heads]
 
 
 def _weighted_sum(weights: Tensor, value: Tensor) -> Tensor:
@@ -135,9 +223,38 @@ def _weighted_sum(weights: Tensor, value: Tensor) -> Tensor:
     return (weights.reshape(batch, heads * n, n) @ value[:, 0]).view(batch, heads, n, -1)
 
 
+def _attend(
+    queries: Tensor,
+    keys: Tensor,
+    value: Tensor,
+    bias: Tensor | None,
+    noise: Tensor | None = None,
+    keep_probs: bool = False,
+) -> tuple[Tensor, Tensor | None]:
+    """``out = (softmax(Q' K'ᵀ + bias) ∘ noise) V`` block by block (``blocks``); also the
+    probabilities ``(B, heads, N, N)`` with ``keep_probs``."""
+    batch, heads, n, _ = queries.shape
+    out = value.new_empty(batch, heads, n, value.shape[-1])
+    probs = queries.new_empty(batch, heads, n, n) if keep_probs else None
+    for images, hs in blocks(batch, heads, n, block_entries(queries.device)):
+        block_queries, block_keys = queries[images, hs], keys[images, hs].transpose(-1, -2)
+        if bias is not None and block_queries.shape[0] == 1:  # one image: bias + Q Kᵀ in one
+            logits = torch.baddbmm(bias[hs], block_queries[0], block_keys[0])[None]
+        else:
+            logits = block_queries @ block_keys
+            if bias is not None:
+                logits += bias[hs]
+        weights = torch.softmax(logits, -1, out=None if probs is None else probs[images, hs])
+        del logits
+        if noise is not None:
+            weights = weights * noise[images, hs]
+        out[images, hs] = _weighted_sum(weights, _value_block(value, images, hs))
+    return out, probs
+
+
 class _FoldedAttention(torch.autograd.Function):
     """``A = Q' K'ᵀ (+ bias)``, ``P = softmax(A)``, ``out = dropout(P) V``, with ``K' = [K, E]``
-    (``E`` the key indicators, no gradient). Returns ``(out, P)``."""
+    (``E`` the key indicators, no gradient), block by block (``blocks``). Returns ``(out, P)``."""
 
     @staticmethod
     def forward(
@@ -150,24 +267,13 @@ class _FoldedAttention(torch.autograd.Function):
         dropout: float,
     ) -> tuple[Tensor, Tensor]:
         batch, heads, n, _ = queries.shape
-        if indicators is None:
-            keys = key
-        else:
-            indicators = indicators.expand(batch, heads, n, indicators.shape[-1])
-            keys = indicators if key is None else torch.cat([key, indicators], dim=-1)
-        logits = queries @ keys.transpose(-1, -2)  # (B, heads, N, N)
-        if bias is not None:
-            logits += bias
-        probs = torch.softmax(logits, dim=-1)
-        del logits
+        keys = _keys(key, indicators, batch, heads, n)
         noise = None
         if dropout > 0.0:
             # The mask F.dropout draws for probs, rescaled: the same random numbers as the dense
             # path's F.dropout(probs), kept for the backward.
-            noise = F.dropout(torch.ones_like(probs), dropout, training=True)
-            out = _weighted_sum(probs * noise, value)
-        else:
-            out = _weighted_sum(probs, value)
+            noise = F.dropout(queries.new_ones(batch, heads, n, n), dropout, training=True)
+        out, probs = _attend(queries, keys, value, bias, noise, keep_probs=True)
         ctx.save_for_backward(queries, keys, value, probs, noise)
         ctx.set_materialize_grads(False)  # no zeros for unused probs (d_probs is then None)
         ctx.key_width = 0 if key is None else key.shape[-1]
@@ -177,36 +283,55 @@ class _FoldedAttention(torch.autograd.Function):
     def backward(ctx: Any, d_out: Tensor, d_probs: Tensor | None) -> tuple[Tensor | None, ...]:
         queries, keys, value, probs, noise = ctx.saved_tensors
         need_queries, need_key, _, need_value, need_bias, _ = ctx.needs_input_grad
-        d_queries = d_key = d_value = d_bias = None
         batch, heads, n, _ = probs.shape
-        if d_out is None:  # only the probabilities were used
-            d_weights = d_probs
-        else:
-            applied = probs if noise is None else probs * noise
-            if value.shape[1] == heads:
-                if need_value:
-                    d_value = applied.transpose(-1, -2) @ d_out  # (B, heads, N, dv)
-                d_weights = d_out @ value.transpose(-1, -2)  # gradient of the applied weights
-            else:  # one value head: products over (heads·N) rows per image
-                d_out = d_out.reshape(batch, heads * n, -1)
-                if need_value:
-                    d_value = (applied.reshape(batch, heads * n, n).transpose(1, 2) @ d_out)[
-                        :, None
-                    ]
-                d_weights = (d_out @ value[:, 0].transpose(1, 2)).view(batch, heads, n, n)
-            del applied
-            if noise is not None:
-                d_weights *= noise
-            if d_probs is not None:
-                d_weights += d_probs
-        # softmax's own backward, P ∘ (dP − Σ_k dP ∘ P) in one pass (the same from public
-        # operations took 3× as long)
-        d_logits = torch._softmax_backward_data(d_weights, probs, -1, probs.dtype)
-        del d_weights
-        if need_queries:
-            d_queries = d_logits @ keys
-        if need_key:
-            d_key = d_logits.transpose(-1, -2) @ queries[..., : ctx.key_width]
+        width = ctx.key_width
+        d_queries = torch.empty_like(queries) if need_queries else None
+        d_key = queries.new_empty(batch, heads, n, width) if need_key else None
+        d_value = None
+        if need_value and d_out is not None:  # summed over the heads when they share one
+            d_value = torch.zeros_like(value) if value.shape[1] == 1 else torch.empty_like(value)
+        # The bias gradient, a sum over the batch, is accumulated in at least float32.
+        d_bias = None
         if need_bias:
-            d_bias = d_logits.sum(0)
+            d_bias = probs.new_zeros(
+                heads, n, n, dtype=torch.promote_types(probs.dtype, torch.float32)
+            )
+        shared = value.shape[1] == 1  # one value head for all heads
+        for images, hs in blocks(batch, heads, n, block_entries(probs.device)):
+            p = probs[images, hs]
+            if d_out is None:  # only the probabilities were used
+                d_weights = d_probs[images, hs]
+            else:
+                applied = p if noise is None else p * noise[images, hs]
+                v, grad = _value_block(value, images, hs), d_out[images, hs]
+                if shared:  # products over (heads·N) rows per image
+                    block, block_heads = p.shape[:2]
+                    grad = grad.reshape(block, block_heads * n, -1)
+                    if d_value is not None:
+                        flat = applied.reshape(block, block_heads * n, n)
+                        d_value[images] += (flat.transpose(1, 2) @ grad)[:, None]
+                    d_weights = (grad @ v[:, 0].transpose(1, 2)).view_as(p)
+                else:
+                    if d_value is not None:
+                        d_value[images, hs] = applied.transpose(-1, -2) @ grad
+                    d_weights = grad @ v.transpose(-1, -2)  # gradient of the applied weights
+                del applied
+                if noise is not None:
+                    d_weights *= noise[images, hs]
+                if d_probs is not None:
+                    d_weights += d_probs[images, hs]
+            # softmax's own backward, P ∘ (dP − Σ_k dP ∘ P) in one pass (the same from public
+            # operations took 3× as long)
+            d_logits = torch._softmax_backward_data(d_weights, p, -1, p.dtype)
+            del d_weights
+            if need_queries:
+                d_queries[images, hs] = d_logits @ keys[images, hs]
+            if need_key:
+                d_key[images, hs] = d_logits.transpose(-1, -2) @ queries[images, hs, :, :width]
+            if need_bias:  # (a bfloat16 sum over a dimension of one ran 10× slower on a CPU)
+                d_bias[hs] += (
+                    d_logits[0] if d_logits.shape[0] == 1 else d_logits.sum(0, dtype=d_bias.dtype)
+                )
+        if d_bias is not None:
+            d_bias = d_bias.to(probs.dtype)
         return d_queries, d_key, None, d_value, d_bias, None

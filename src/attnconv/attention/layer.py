@@ -15,10 +15,12 @@ reference):
 * position-only, not separable (``gaussian_full``), and separable ones on a GPU for images of at
   most ``SHARED_MAX_TOKENS`` pixels: $P^h$ ($N \times N$) is built once per forward and applied
   to the whole batch as one matrix product.
-* with content scores: per-image ``(B, heads, N, N)`` logits from one batched product
-  (``attention/content.py``): a positional term shared by the batch is added as one
-  ``(heads, N, N)`` bias; the per-image content × position term (with the positional one) is
-  folded into the queries and keys.
+* with content scores (``attention/content.py``): per-image ``(B, heads, N, N)`` logits from
+  batched products, on a CPU a block of images at a time: a positional term shared by the batch
+  is added as one ``(heads, N, N)`` bias; the per-image content × position term (with the
+  positional one) is folded into the queries and keys. Where the probabilities are not returned
+  and nothing is folded, ``scaled_dot_product_attention`` with the bias as mask instead, where that
+  is faster (on a CPU without gradients in float32; on a GPU in bfloat16).
 
 Attention dropout (probability ``dropout``) acts on the probabilities. With content scores it is the
 usual independent mask per image, head and entry. Position-only probabilities are the same for
@@ -512,7 +514,10 @@ class MultiHeadSelfAttention2d(nn.Module):
         def split_heads(t: Tensor) -> Tensor:
             return t.view(batch, n, self.heads, self.head_dim).transpose(1, 2)  # (B, heads, N, d)
 
-        q = split_heads(self.query(x) / math.sqrt(self.head_dim))  # (B, heads, N, d)
+        # Queries divided by √d through the projection's weights: a (heads·d, dim) product, not a
+        # pass over every query, forward and backward.
+        scale = 1.0 / math.sqrt(self.head_dim)
+        q = split_heads(F.linear(x, self.query.weight * scale, self.query.bias * scale))
         k = split_heads(self.key(x)) if self.key is not None else None
         row = col = bias = None
         if self.content_positional:
