@@ -1,12 +1,13 @@
-"""The content path that ``attention/content.py`` replaced, kept as the benchmarks' baseline.
+"""The content path that ``attention/content.py`` replaced: the benchmarks' ``SDPA + bias`` peer.
 
 Until then ``MultiHeadSelfAttention2d`` computed content scores with PyTorch's
 ``scaled_dot_product_attention``: queries and keys per head, every other score as one additive
 ``attn_mask`` (the positional logits ``(heads, N, N)`` plus, with content × position, the
-``(B, heads, N, N)`` logits ``q · r_δ / √d``). With a mask that needs a gradient PyTorch runs its
-unfused ``math`` kernel on a CPU (in float32 also under bfloat16 autocast). Layers with return of
-the probabilities or without keys took the explicit ``(B, heads, N, N)`` softmax. It computes the
-same function as the layer and is used only by the benchmarks.
+``(B, heads, N, N)`` logits ``q · r_δ / √d``). The mask is passed 4-D, so that the fused kernel
+runs where PyTorch has one for it: on a CPU only without gradients (a mask that needs a gradient
+sends SDPA to its unfused ``math`` kernel, as a 3-D mask does in every mode). Layers with return of
+the probabilities or without keys take the explicit ``(B, heads, N, N)`` softmax. It computes the
+same function as the layer and is used only by the benchmarks (``content_layer.py``, ``train.py``).
 
     from sdpa_content import use_sdpa_content
     use_sdpa_content(model)   # every content layer of `model` now takes the old path
@@ -38,7 +39,10 @@ def sdpa_forward_content(
         y = (F.dropout(probs, dropout, True) if dropout else probs) @ v
     else:
         probs = None
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout)
+        # A shared (heads, N, N) mask as (1, heads, N, N): PyTorch's fused CPU kernel takes only
+        # 2-D or 4-D masks (a 3-D one sends it to the unfused ``math`` kernel).
+        mask = None if bias is None else bias.view(-1, layer.heads, n, n)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout)
     y = y.view(batch, layer.heads, height, width, -1)  # (B, heads, H, W, d)
     return layer._project_out(y), probs
 

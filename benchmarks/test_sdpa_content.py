@@ -1,8 +1,14 @@
-"""The benchmarks' old content path computes the same function as the layer."""
+"""The benchmarks' content peers (SDPA + bias, the previous path) compute the same function as
+the layer, and content_layer.py prints its comparison."""
+
+import contextlib
+import re
+from functools import partial
 
 import pytest
 import torch
 
+import content_layer
 from attnconv import MultiHeadSelfAttention2d
 from sdpa_content import sdpa_forward_content, use_sdpa_content
 
@@ -52,3 +58,39 @@ def test_use_sdpa_content_replaces_only_content_layers() -> None:
     assert model[0]._forward_content.func is sdpa_forward_content
     assert "_forward_content" not in vars(model[1])
     torch.testing.assert_close(model(x), expected, atol=1e-6, rtol=1e-5)
+
+
+def test_previous_path_matches_layer_forward_and_gradients() -> None:
+    torch.manual_seed(0)
+    layer = content_layer.fashion_content_layer(torch.device("cpu")).double()
+    x = torch.randn(2, 14, 14, 64, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(2, 14, 14, 64, dtype=torch.float64)
+    results = []
+    for forward, context in ((layer, contextlib.nullcontext),
+                             (partial(content_layer.previous_forward, layer),
+                              content_layer.whole_batch)):
+        with context():
+            y = forward(x)
+            grads = torch.autograd.grad((y * weight).sum(), [x, *layer.parameters()])
+        results.append((y, grads))
+    (y, grads), (y_old, grads_old) = results
+    torch.testing.assert_close(y_old, y, rtol=1e-10, atol=1e-12)
+    for got, expected in zip(grads_old, grads, strict=True):
+        torch.testing.assert_close(got, expected, rtol=1e-9, atol=1e-12)
+
+
+def test_content_layer_benchmark_prints_every_mode_as_ratios(monkeypatch, capsys) -> None:
+    monkeypatch.setattr(content_layer, "reuse_freed_memory", lambda: True)  # not in the tests
+    threads = torch.get_num_threads()
+    try:
+        content_layer.main(["--batch", "2", "--rounds", "1", "--threads", "1"])
+    finally:
+        torch.set_num_threads(threads)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("CPU ") and "1 threads" in lines[0]
+    for mode, precision in content_layer.MODES:
+        [line] = [line for line in lines if line.split()[:2] == [mode, precision]]
+        assert len(re.findall(r"\d+\.\d+ms", line)) == 3 and len(re.findall(r"\d+\.\d+x", line)) == 2
+    for precision in ("fp32", "bf16"):
+        [line] = [line for line in lines if line.startswith(precision + " ")]
+        assert "(vit-fashion / learned-content-fashion;" in line
