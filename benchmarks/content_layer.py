@@ -98,15 +98,19 @@ def synchronize(device: torch.device) -> None:
 
 def alternate(runs: dict[str, Callable[[], None]], rounds: int,
               device: torch.device) -> dict[str, float]:
-    """Best seconds of each run over ``rounds`` rounds in which they alternate (one warm-up each):
-    on a CPU this process's CPU time, which waiting for a core shared with other work does not
-    inflate; on a GPU wall-clock time."""
+    """Best seconds of each run over ``rounds`` rounds in which they alternate (one warm-up each),
+    the order rotated each round so that none always follows the same one: on a CPU this
+    process's CPU time, which waiting for a core shared with other work does not inflate; on a GPU
+    wall-clock time."""
     clock = time.perf_counter if device.type == "cuda" else time.process_time
     for run in runs.values():
         run()
     best = dict.fromkeys(runs, float("inf"))
-    for _ in range(rounds):
-        for name, run in runs.items():
+    names = list(runs)
+    for round_ in range(rounds):
+        shift = round_ % len(names)
+        for name in names[shift:] + names[:shift]:
+            run = runs[name]
             synchronize(device)
             started = clock()
             run()
