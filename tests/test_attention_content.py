@@ -274,6 +274,21 @@ def test_the_fused_route_runs_where_it_is_fastest():
     assert content.block_entries(cuda) == float("inf")
 
 
+def test_flop_counter_counts_the_fused_route_as_the_folded_one(monkeypatch):
+    """torch's FlopCounterMode has no formula for SDPA's CPU kernel; content.py gives it one, so
+    multiply-adds counted as a CPU runs the fused route are those of the folded route."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    query, key, value, bias = (t.detach() for t in route_inputs("content + bias"))
+    counts = {}
+    for route in ("fused", "folded"):
+        monkeypatch.setattr(content, "uses_sdpa", lambda *args, route=route: route == "fused")
+        with torch.no_grad(), FlopCounterMode(display=False) as counter:
+            content.content_attention(query, key, value, bias=bias, return_probs=False)
+        counts[route] = counter.get_total_flops()
+    assert counts["fused"] == counts["folded"] == 2 * 2 * 3 * 3 * 20 * 20 * 4
+
+
 def test_key_indicators_and_per_query_factors():
     indicators = content.key_indicators(2, 3, dtype=torch.float32, device=torch.device("cpu"))
     # key pixel 4 is (row 1, col 1): ones at 1 and 2 + 1

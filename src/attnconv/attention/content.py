@@ -53,8 +53,22 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.utils.flop_counter import flop_registry, register_flop_formula, sdpa_flop_count
 
 from attnconv.hardware import compute_dtype
+
+_CPU_SDPA = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+if _CPU_SDPA not in flop_registry:  # torch counts its GPU attention kernels only
+
+    @register_flop_formula(_CPU_SDPA)
+    def _cpu_sdpa_flops(
+        query_shape: tuple[int, ...], key_shape: tuple[int, ...], value_shape: tuple[int, ...],
+        *args: Any, **kwargs: Any,
+    ) -> int:
+        """FLOPs of the fused route's CPU kernel for ``FlopCounterMode`` (as torch counts its GPU
+        ones: the two products), so that multiply-adds counted as they run
+        (``attnconv.models.complexity``) include it."""
+        return sdpa_flop_count(query_shape, key_shape, value_shape)
 
 
 def key_indicators(height: int, width: int, *, dtype: torch.dtype, device: torch.device) -> Tensor:
