@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from unittest import mock
 
 import torch
@@ -86,6 +87,19 @@ def test_matches_plain_reference_forward_and_every_gradient_float64(
     for grad, want in zip(grads, expected_grads, strict=True):
         assert grad.shape == want.shape
         torch.testing.assert_close(grad, want, rtol=1e-10, atol=1e-12)
+
+
+@given(batch=st.integers(1, 300), per_chunk=st.integers(1, 120))
+def test_image_chunks_are_as_few_as_fit_and_equal_with_the_largest_first(batch, per_chunk):
+    """The scratch buffers are sized for the first chunk: it must be the largest."""
+    values = torch.empty(batch, 2, 3, 1)
+    with mock.patch.object(separable, "CHUNK_ELEMENTS", per_chunk * 6):
+        chunks = separable._image_chunks(values)
+    sizes = [c.stop - c.start for c in chunks]
+    assert chunks[0].start == 0 and chunks[-1].stop == batch
+    assert all(a.stop == b.start for a, b in itertools.pairwise(chunks))
+    assert len(chunks) == -(-batch // per_chunk) and sizes[0] == max(sizes) <= per_chunk
+    assert max(sizes) - min(sizes) <= 1
 
 
 def test_gradients_only_for_inputs_that_require_them():
