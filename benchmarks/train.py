@@ -1,13 +1,16 @@
 """Training throughput of every paper preset, and the fraction of the machine's GEMM ceiling it reaches.
 
-For each preset: SGD steps (forward, cross-entropy, backward, momentum update) at the paper's batch
-size on CIFAR-shaped batches (3×32×32 random pixels: the cost does not depend on them). Each step's
+For each preset (the paper's, and the position-only Fashion-MNIST ones): SGD steps (forward,
+cross-entropy, backward, momentum update) at the paper's batch size on batches of random pixels
+shaped as the preset's images (3×32×32 for CIFAR; the cost does not depend on them). Each step's
 floating-point operations are counted as they execute (``torch.utils.flop_counter``: the matrix
 products and convolutions of forward and backward, on a batch of 2, per image), and the machine's
 ceiling is measured in the same run: the best rate of a large square matrix product
 (``--gemm-size``) in float32 (and in bfloat16 when that is the precision that runs). The table
-gives images/s and the achieved fraction of that ceiling; the target for ``quadratic`` in float32
-is ≥ 75%.
+gives images/s and the achieved fraction of that ceiling; the targets in float32 (``TARGET``) are
+≥ 50% for the position-only presets, ≥ 75% for ``quadratic``. On a CPU the column ``CPU-s %`` gives
+the same fraction per second of this process's CPU time, the ceiling timed the same way: where other
+work shares the cores, the steadier of the two (waiting for a core counts in neither).
 
 The GEMM ceiling is measured before and after the presets and the better of the two counts (a
 shared machine's clock and neighbours move it by tens of percent within a minute). The same product
@@ -43,6 +46,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -60,7 +64,10 @@ from sdpa_content import use_sdpa_content
 
 PAPER_PRESETS = ("quadratic", "quadratic-generalized", "many-heads", "learned", "learned-content",
                  "resnet18")
-TARGET = {"quadratic": 0.75}  # fraction of the float32 GEMM ceiling a training step reaches
+FASHION_PRESETS = ("quadratic-fashion", "learned-fashion")  # the position-only Fashion-MNIST ones
+# Fraction of the float32 GEMM ceiling a training step reaches: ≥ 50% for the position-only
+# presets (issue 40), and the older, stricter ≥ 75% for quadratic.
+TARGET = {"quadratic": 0.75, "learned": 0.5, "quadratic-fashion": 0.5, "learned-fashion": 0.5}
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 CONTENT_PRESETS = ("learned-content-fashion", "learned-content")
 CONTENT_FORMS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -73,8 +80,9 @@ CONTENT_TARGET = {"bf16": 1.8, "fp32": 1.0}  # content kernel / old path, traini
 
 
 def gemm_flops_per_second(size: int, dtype: torch.dtype, device: torch.device,
-                          repeats: int = 10) -> float:
-    """Best FLOP/s of ``(size×size) @ (size×size)`` in ``dtype`` over ``repeats`` timed runs."""
+                          repeats: int = 10, clock: Callable[[], float] = time.perf_counter) -> float:
+    """Best FLOP/s of ``(size×size) @ (size×size)`` in ``dtype`` over ``repeats`` timed runs, per
+    second of ``clock`` (``time.process_time`` on a CPU: per second of this process's CPU time)."""
     generator = torch.Generator().manual_seed(0)
     a = torch.randn(size, size, generator=generator).to(device=device, dtype=dtype)
     b = torch.randn(size, size, generator=generator).to(device=device, dtype=dtype)
@@ -83,11 +91,11 @@ def gemm_flops_per_second(size: int, dtype: torch.dtype, device: torch.device,
     for _ in range(repeats):
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-        started = time.perf_counter()
+        started = clock()
         a @ b
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-        best = min(best, time.perf_counter() - started)
+        best = min(best, clock() - started)
     return 2 * size**3 / best
 
 
@@ -201,28 +209,35 @@ def content_comparison(preset: str, forms: list[str], batch_size: int, steps: in
 
 def preset_table(presets: list[str], precisions: list[str], batch_size: int, steps: int,
                  warmup: int, gemm_size: int, device: torch.device) -> None:
-    """Print the GEMM ceiling and each preset's training images/s and fraction of it."""
-    ceiling_before = {p: gemm_flops_per_second(gemm_size, DTYPES[p], device)
-                      for p in precisions}
+    """Print the GEMM ceiling and each preset's training images/s and fraction of it; on a CPU also
+    the fraction per second of CPU time (ceiling and steps both), the steadier on a shared machine."""
+    clocks = {"wall": time.perf_counter}
+    if device.type == "cpu":
+        clocks["cpu"] = time.process_time
+    ceiling_before = {(p, c): gemm_flops_per_second(gemm_size, DTYPES[p], device, clock=clock)
+                      for p in precisions for c, clock in clocks.items()}
     default_allocator = None
     if device.type == "cpu":
         first = presets[0]
         default_allocator = (first, images_per_second(
             fresh_model(first), batch_size, steps, warmup, "fp32", device))
         reuse_freed_memory()
-    ceiling = {p: max(ceiling_before[p], gemm_flops_per_second(gemm_size, DTYPES[p], device))
-               for p in precisions}
+    ceiling = {(p, c): max(ceiling_before[p, c],
+                           gemm_flops_per_second(gemm_size, DTYPES[p], device, clock=clock))
+               for p in precisions for c, clock in clocks.items()}
     print("GEMM ceiling (" + ", ".join(
-        f"{p} {ceiling[p] / 1e9:.0f} GFLOP/s" for p in precisions) + f"), {gemm_size}^3")
+        f"{p} {ceiling[p, 'wall'] / 1e9:.0f} GFLOP/s" for p in precisions) + f"), {gemm_size}^3"
+        + ("; per CPU-second " + ", ".join(f"{p} {ceiling[p, 'cpu'] / 1e9:.0f}" for p in precisions)
+           if "cpu" in clocks else ""))
     conv_rate = conv_flops_per_second(gemm_size, torch.float32, device)
     print(f"The same product as a 1x1 convolution: fp32 {conv_rate / 1e9:.0f} GFLOP/s "
-          f"({conv_rate / ceiling['fp32']:.2f}x the GEMM ceiling; where it is above 1, the "
+          f"({conv_rate / ceiling['fp32', 'wall']:.2f}x the GEMM ceiling; where it is above 1, the "
           f"convolution library reaches more of the machine than the matrix-product one, and "
           f"convolutional models can exceed 100%)\n")
 
     header = f"{'preset':<24}{'params':>9}{'GFLOP/img':>11}"
     for p in precisions:
-        header += f"{p + ' img/s':>13}{'% ceiling':>11}"
+        header += f"{p + ' img/s':>13}{'% ceiling':>11}" + f"{'CPU-s %':>11}" * ("cpu" in clocks)
     if len(precisions) == 2:
         header += f"{precisions[1] + '/fp32':>11}"
     print(header + "\n" + "-" * len(header))
@@ -230,11 +245,14 @@ def preset_table(presets: list[str], precisions: list[str], batch_size: int, ste
         flops = training_flops_per_image(preset, device)
         params = count_parameters(fresh_model(preset)) / 1e6
         line = f"{preset:<24}{params:>8.2f}M{flops / 1e9:>11.2f}"
-        rates = {}
+        rates, fractions = {}, {}
         for p in precisions:
-            rates[p] = images_per_second(fresh_model(preset), batch_size, steps,
-                                         warmup, p, device)
-            line += f"{rates[p]:>13.2f}{rates[p] * flops / ceiling[p]:>10.0%} "
+            wall, cpu = training_rates(fresh_model(preset), batch_size, steps, warmup, p, device)
+            rates[p] = wall
+            fractions[p] = {"wall": wall * flops / ceiling[p, "wall"]}
+            if "cpu" in clocks:
+                fractions[p]["cpu"] = cpu * flops / ceiling[p, "cpu"]
+            line += f"{wall:>13.2f}" + "".join(f"{f:>10.0%} " for f in fractions[p].values())
         if len(precisions) == 2:
             line += f"{rates[precisions[1]] / rates['fp32']:>10.2f}x"
         print(line, flush=True)
@@ -243,15 +261,18 @@ def preset_table(presets: list[str], precisions: list[str], batch_size: int, ste
                   f"img/s; freed memory reused: {rates['fp32']:.2f} img/s "
                   f"({rates['fp32'] / default_allocator[1]:.2f}x)")
         if preset in TARGET:
-            fraction = rates["fp32"] * flops / ceiling["fp32"]
+            fraction = fractions["fp32"]["wall"]
+            per_cpu = (f" ({fractions['fp32']['cpu']:.0%} per CPU-second)"
+                       if "cpu" in clocks else "")
             print(f"  target: {preset} in fp32 at >= {TARGET[preset]:.0%} of the fp32 GEMM "
-                  f"ceiling: {fraction:.0%}, {'met' if fraction >= TARGET[preset] else 'NOT met'}")
-
+                  f"ceiling: {fraction:.0%}{per_cpu}, "
+                  f"{'met' if fraction >= TARGET[preset] else 'NOT met'}")
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--presets", nargs="*", default=list(PAPER_PRESETS), choices=PAPER_PRESETS,
+    parser.add_argument("--presets", nargs="*", default=list(PAPER_PRESETS + FASHION_PRESETS),
+                        choices=PAPER_PRESETS + FASHION_PRESETS,
                         help="presets of the table (none: only the content model)")
     parser.add_argument("--content-preset", choices=CONTENT_PRESETS, default=CONTENT_PRESETS[0])
     parser.add_argument("--content-forms", nargs="*", choices=list(CONTENT_FORMS),
