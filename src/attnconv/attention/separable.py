@@ -34,10 +34,11 @@ an image holds more. Bounds the scratch memory (two buffers of this size in the 
 in the backward) whatever the batch and image size, and keeps a chunk's tensors near the core while
 every head passes over them: the attention products have inner dimension ``H`` or ``W`` and are
 bound by memory traffic. Measured on an AMD EPYC Zen 5 (1 MiB L2 per core, 1 thread, fwd+bwd in
-float32, ``benchmarks/attention.py``): at the Fashion size (batch 100, 14×14, 9 heads, dim 64) the
-layer took 2.0× its projection floor with the whole batch in one chunk (``1 << 22``) and 1.4× with
-chunks of 20 images (``1 << 18``), 1.5× with 10 or 41; at the paper's size (16×16, dim 400) 1.2×
-with 40 images and 1.1× with 2 to 5."""
+float32, CPU time): at the Fashion size (batch 100, 14×14, 9 heads, dim 64) the layer took 1.9×
+its projection floor with the whole batch in one chunk (``1 << 22``) and 1.4× with chunks of 20
+images (``1 << 18``), 1.5× with 10 or 41 (with freed memory reused, ``attnconv.memory``, whose
+floor is faster: 2.5× → 2.0×); at the paper's size (16×16, dim 400) 1.25× with 40 images and
+1.1–1.15× with 2 to 5."""
 
 
 def _by_rows(values: Tensor) -> Tensor:
