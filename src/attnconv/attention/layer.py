@@ -62,7 +62,7 @@ SHARED_MAX_TOKENS: dict[str, int] = {"cuda": 32 * 32}
 """Separable position-only layers on a device of these types, with at most this many tokens, attend
 through the shared ``(heads, N, N)`` matrix (``_forward_shared``: one matrix product over the
 whole batch) instead of the separable factors. Measured with ``benchmarks/gpu.sh`` on an NVIDIA
-H200 (docs/layers.md, "On a GPU"), forward and backward in float32: the one product beat the
+H200 ([the figures][on-a-gpu]), forward and backward in float32: the one product beat the
 separable route's two batched products and their permutations 1.6× at 16×16 (the paper's size)
 and tied at 32×32; the separable route won 5.5× at 64×64. On a CPU the separable route is faster
 at every size measured, so the CPU has no entry."""
