@@ -46,6 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from attnconv import MultiHeadSelfAttention2d
 from attnconv.attention import layer as layer_module
 from attnconv.hardware import PRECISIONS, machine_description, resolve_precision
+from data import synchronize
 from naive_attention import _positional_logits, naive_attention_forward, use_naive_attention
 
 SCORES = {
@@ -127,12 +128,10 @@ def best_seconds(run: Callable[[], None], repeats: int, device: torch.device) ->
     run()
     best = float("inf")
     for _ in range(repeats):
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+        synchronize(device)
         started = time.perf_counter()
         run()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+        synchronize(device)
         best = min(best, time.perf_counter() - started)
     return best
 

@@ -50,6 +50,7 @@ from attnconv.hardware import machine_description
 from attnconv.memory import reuse_freed_memory
 from attnconv.models import create_model
 from attnconv.models.costs import preset_cost
+from data import synchronize
 from sdpa_content import sdpa_forward_content
 
 MODES = (("no-grad", "fp32"), ("no-grad", "bf16"), ("fwd+bwd", "fp32"), ("fwd+bwd", "bf16"))
@@ -89,11 +90,6 @@ def previous_forward(layer: MultiHeadSelfAttention2d, x: Tensor) -> Tensor:
 def whole_batch() -> contextlib.AbstractContextManager:
     """The folded route with one block, the whole batch, as before it ran in blocks."""
     return mock.patch.object(content, "block_entries", lambda device: float("inf"))
-
-
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def alternate(runs: dict[str, Callable[[], None]], rounds: int,

@@ -48,6 +48,8 @@ class PerImageCropFlip(Dataset):
 
 
 def synchronize(device: torch.device) -> None:
+    """Wait for ``device``'s queued work (CUDA runs asynchronously); nothing on a CPU. Every
+    benchmark's timer calls this on both sides of what it times."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 

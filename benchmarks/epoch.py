@@ -31,12 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from attnconv.hardware import PRECISIONS, machine_description, resolve_precision
 from attnconv.models import PRESETS
 from attnconv.train.loop import autocast
+from data import synchronize
 from train import DTYPES, fresh_model, gemm_flops_per_second, training_flops_per_image
-
-
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def one_epoch(preset: str, compiled: bool, images: int, batch_size: int, warmup: int,

@@ -60,6 +60,7 @@ from attnconv.hardware import PRECISIONS, machine_description, native_bf16, reso
 from attnconv.memory import reuse_freed_memory
 from attnconv.models import count_parameters, create_model
 from attnconv.train.loop import autocast
+from data import synchronize
 from sdpa_content import use_sdpa_content
 
 PAPER_PRESETS = ("quadratic", "quadratic-generalized", "many-heads", "learned", "learned-content",
@@ -89,12 +90,10 @@ def gemm_flops_per_second(size: int, dtype: torch.dtype, device: torch.device,
     a @ b  # warm-up
     best = float("inf")
     for _ in range(repeats):
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+        synchronize(device)
         started = clock()
         a @ b
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+        synchronize(device)
         best = min(best, clock() - started)
     return 2 * size**3 / best
 
@@ -109,12 +108,10 @@ def conv_flops_per_second(size: int, dtype: torch.dtype, device: torch.device,
     F.conv2d(x, w)  # warm-up
     best = float("inf")
     for _ in range(repeats):
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+        synchronize(device)
         started = time.perf_counter()
         F.conv2d(x, w)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+        synchronize(device)
         best = min(best, time.perf_counter() - started)
     return 2 * size**3 / best
 
@@ -150,13 +147,11 @@ def training_rates(model: nn.Module, batch_size: int, steps: int, warmup: int, p
 
     for _ in range(warmup):
         step()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+    synchronize(device)
     started, started_cpu = time.perf_counter(), time.process_time()
     for _ in range(steps):
         step()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+    synchronize(device)
     images_done = steps * batch_size
     return (images_done / (time.perf_counter() - started),
             images_done / (time.process_time() - started_cpu))
