@@ -47,16 +47,24 @@ def make_layer(config, dim, heads, head_dim, seed, **kwargs) -> MultiHeadSelfAtt
     return layer
 
 
-# "auto" with every size above the fused per-head threshold, so small tests reach that route too
-ROUTES = ("auto", "auto-fused", "dense")
+# "auto" with every size above the fused per-head threshold, so small tests reach that route too;
+# "auto-shared": separable layers through the shared (heads, N, N) matrix, the route a GPU takes
+# for small images (layer.SHARED_MAX_TOKENS), taken here on the CPU
+ROUTES = ("auto", "auto-fused", "auto-shared", "dense")
 
 
 def forward_and_grads(layer, x, impl, weight, dtype):
     layer = layer.to(dtype)
-    layer.impl = "auto" if impl == "auto-fused" else impl
+    layer.impl = "dense" if impl == "dense" else "auto"
     x = x.to(dtype).detach().requires_grad_(True)
     threshold = 0 if impl == "auto-fused" else layer_module.FUSED_MIN_ELEMENTS
-    with mock.patch.object(layer_module, "FUSED_MIN_ELEMENTS", threshold):
+    shared = dict(layer_module.SHARED_MAX_TOKENS)
+    if impl == "auto-shared":
+        shared[x.device.type] = x.shape[1] * x.shape[2]
+    with (
+        mock.patch.object(layer_module, "FUSED_MIN_ELEMENTS", threshold),
+        mock.patch.object(layer_module, "SHARED_MAX_TOKENS", shared),
+    ):
         y = layer(x)
     (y * weight.to(dtype)).sum().backward()
     grads = {name: p.grad.double().clone() for name, p in layer.named_parameters()}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 from unittest import mock
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -195,49 +196,33 @@ def test_the_shared_route_is_for_small_images_on_a_gpu_only():
     assert not layer_module.use_shared_route(cpu, 1)
 
 
-@settings(max_examples=12, deadline=None)
-@given(
-    positional=st.sampled_from(["gaussian", "learned"]),
-    head_dim=st.sampled_from([None, 3]),  # None: heads attend over the raw input, as in the paper
-    height=st.integers(1, 5),
-    width=st.integers(1, 5),
-    seed=st.integers(0, 2**16),
-)
-def test_a_separable_layer_on_the_shared_route_matches_the_dense_reference_float64(
-    positional, head_dim, height, width, seed
+@pytest.mark.parametrize("positional", ["gaussian", "learned"])
+def test_on_the_shared_route_a_separable_layer_forms_no_factors_and_returns_dense_probabilities(
+    positional,
 ):
     """With the route check answering yes (as on a GPU for small images), a separable layer
-    attends through one ``(heads, N, N)`` matrix: forward and every gradient equal the explicit
-    per-image dense reference, and the separable factors are never formed."""
-    torch.manual_seed(seed)
-    layer = MultiHeadSelfAttention2d(5, 3, head_dim=head_dim, positional=positional,
-                                     max_size=6).double()
+    attends through one ``(heads, N, N)`` matrix: the separable route is never called, and the
+    probabilities it returns are the dense reference's. Its output and gradients are checked
+    against the independent reference with every other route (tests/test_attention_layer.py,
+    ROUTES' "auto-shared")."""
+    torch.manual_seed(0)
+    layer = MultiHeadSelfAttention2d(5, 3, positional=positional, max_size=6).double()
     with torch.no_grad():  # move the encoding off its initial values
         for parameter in layer.position.parameters():
             parameter.add_(0.3 * torch.randn_like(parameter))
-    reference = MultiHeadSelfAttention2d(5, 3, head_dim=head_dim, positional=positional,
-                                         max_size=6, impl="dense").double()
+    reference = MultiHeadSelfAttention2d(5, 3, positional=positional, max_size=6,
+                                         impl="dense").double()
     reference.load_state_dict(layer.state_dict())
-    x = torch.randn(2, height, width, 5, dtype=torch.float64, requires_grad=True)
-    grad = torch.randn(2, height, width, 5, dtype=torch.float64)
+    x = torch.randn(2, 4, 5, 5, dtype=torch.float64)
     with (
-        mock.patch.object(layer_module, "SHARED_MAX_TOKENS", {"cpu": height * width}),
+        mock.patch.object(layer_module, "SHARED_MAX_TOKENS", {"cpu": 20}),
         mock.patch.object(MultiHeadSelfAttention2d, "_forward_separable") as separable_route,
     ):
         y, probs = layer(x, return_attention=True)
     separable_route.assert_not_called()
-    y.backward(grad)
-    x_grad, x.grad = x.grad, None
     y_ref, probs_ref = reference(x, return_attention=True)
-    y_ref.backward(grad)
-    x_grad_ref = x.grad
     torch.testing.assert_close(y, y_ref, rtol=1e-10, atol=1e-12)
     torch.testing.assert_close(probs, probs_ref, rtol=1e-10, atol=1e-12)
-    torch.testing.assert_close(x_grad, x_grad_ref, rtol=1e-10, atol=1e-12)
-    for (name, parameter), reference_parameter in zip(layer.named_parameters(),
-                                                      reference.parameters(), strict=True):
-        torch.testing.assert_close(parameter.grad, reference_parameter.grad, rtol=1e-9,
-                                   atol=1e-12, msg=name)
 
 
 def test_the_shared_and_separable_routes_draw_the_same_dropout_mask():
