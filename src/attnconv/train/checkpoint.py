@@ -7,6 +7,7 @@ the README gave before, still works for one release and warns.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import torch
@@ -25,10 +26,25 @@ def rng_state() -> dict[str, Any]:
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
-    """Restore states saved by ``rng_state``."""
+    """Restore states saved by ``rng_state``.
+
+    A run moved between machines (trained on a GPU, resumed on a CPU, or on fewer GPUs) gets the
+    CPU state and the states of the CUDA devices it has, with a warning naming what was left
+    out; the training data's order and augmentation do not depend on these states (they are
+    drawn from ``(seed, epoch, batch)``), only dropout does.
+    """
     torch.set_rng_state(state["torch"].cpu())
-    if state["cuda"]:
-        torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])
+    saved = [s.cpu() for s in state["cuda"]]
+    here = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    for device, device_state in enumerate(saved[:here]):
+        torch.cuda.set_rng_state(device_state, device)
+    if len(saved) > here:
+        warnings.warn(
+            f"the checkpoint holds the RNG states of {len(saved)} CUDA device(s) and this "
+            f"machine has {here}: the states of devices {here}..{len(saved) - 1} are not "
+            "restored (dropout masks differ from an uninterrupted run; the data order does not)",
+            stacklevel=2,
+        )
 
 
 def __getattr__(name: str) -> Any:
