@@ -144,6 +144,28 @@ def test_distance_comparison_puts_each_model_in_its_panel_on_one_scale():
         distance_comparison_figure({})
 
 
+def test_models_of_different_grids_each_get_their_own_uniform_line_and_legend_entry():
+    """Fashion-MNIST's 14×14 tokens beside fashion-mnist-anywhere's 16×16: each panel's dashed line
+    is its own grid's uniform distance, and the legend names both lines once."""
+    models = {
+        "fashion": [torch.tensor([7.0, 6.0]), torch.tensor([6.5, 7.5])],
+        "anywhere": [torch.tensor([8.0, 8.4]), torch.tensor([8.2, 7.9])],
+    }
+    fig = distance_comparison_figure(models, grid={"fashion": (14, 14), "anywhere": (16, 16)})
+    FigureCanvasAgg(fig).draw()
+    axes = [ax for ax in fig.axes if ax.get_title()]
+    for ax, grid in zip(axes, [(14, 14), (16, 16)], strict=True):
+        (uniform,) = [line for line in ax.lines if line.get_gid() == "uniform"]
+        assert uniform.get_ydata()[0] == pytest.approx(uniform_distance(grid))
+    assert axes[0].get_ylim()[1] >= uniform_distance((16, 16))
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert labels.count("uniform attention (7.28 on 14×14)") == 1
+    assert labels.count("uniform attention (8.33 on 16×16)") == 1
+    assert labels.count("head 1") == 1
+    with pytest.raises(ValueError, match="one token grid per model"):
+        distance_comparison_figure(models, grid={"fashion": (14, 14)})
+
+
 def test_bad_shapes():
     with pytest.raises(ValueError, match=r"\(heads, 4, 4\)"):
         distance_map(torch.zeros(1, 3, 3), (2, 2))

@@ -261,8 +261,8 @@ def analyse_run(run_dir: Path, figures: Path, data_dir: str | None) -> dict[str,
 
 def write_distance_comparison(rows: list[dict[str, Any]], figures: Path) -> list[Path]:
     """``figures/distance-by-depth.png`` and ``.pdf``: the per-head attention distances of every
-    attention model among ``rows`` (``analyse_run``'s), one panel each; nothing when none has
-    attention. The uniform-attention line is drawn when the models share one token grid."""
+    attention model among ``rows`` (``analyse_run``'s), one panel each, with the uniform-attention
+    line of each model's token grid; nothing when none has attention."""
     import torch
 
     from attnconv.viz.distance import distance_comparison_figure
@@ -271,15 +271,16 @@ def write_distance_comparison(rows: list[dict[str, Any]], figures: Path) -> list
     attention = [row for row in rows if row["head_distances"] is not None]
     if not attention:
         return []
-    grids = {row["grid"] for row in attention}
+    names = [
+        f"{row['preset']}\n{100 * row['test_acc']:.1f}%, {row['epochs']} epochs"
+        for row in attention
+    ]
     fig = distance_comparison_figure(
         {
-            f"{row['preset']}\n{100 * row['test_acc']:.1f}%, {row['epochs']} epochs": [
-                torch.tensor(layer) for layer in row["head_distances"]
-            ]
-            for row in attention
+            name: [torch.tensor(layer) for layer in row["head_distances"]]
+            for name, row in zip(names, attention, strict=True)
         },
-        grid=grids.pop() if len(grids) == 1 else None,
+        grid={name: tuple(row["grid"]) for name, row in zip(names, attention, strict=True)},
     )
     return save_figure(fig, figures, "distance-by-depth")
 

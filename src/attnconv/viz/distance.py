@@ -8,7 +8,7 @@ offset $\Delta$ has distance $\lVert \Delta \rVert$ away from the borders.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -186,25 +186,37 @@ def distance_figure(
 
 def distance_comparison_figure(
     models: dict[str, Sequence[Tensor]],
-    grid: tuple[int, int] | None = None,
+    grid: tuple[int, int] | Mapping[str, tuple[int, int]] | None = None,
     title: str | None = None,
 ) -> Figure:
     """Attention distance by depth of several models side by side, one panel per model (named by
     its key) on one y scale in tokens: each model's per-layer ``(heads,)`` distances drawn as
-    ``distance_figure`` draws them, with the uniform line of ``grid`` when the models share it."""
+    ``distance_figure`` draws them. ``grid``: the token grid the models share, or each model's
+    (keyed as ``models``, for models of different image sizes side by side), whose uniform
+    distance each panel draws dashed; the legend names every grid's line once."""
     if not models:
         raise ValueError("distance_comparison_figure needs at least one model")
-    top = max(_top(distances, grid) for distances in models.values())
+    grids = dict(grid) if isinstance(grid, Mapping) else dict.fromkeys(models, grid)
+    if set(grids) != set(models):
+        raise ValueError(
+            f"grid must give one token grid per model: models {sorted(models)}, grids "
+            f"{sorted(grids)}"
+        )
+    top = max(_top(distances, grids[name]) for name, distances in models.items())
     fig = new_figure(2.2 + 2.6 * len(models), 4.2)
     axes = fig.subplots(1, len(models), sharey=True, squeeze=False)[0]
     for ax, (name, distances) in zip(axes, models.items(), strict=True):
-        _draw_distances(ax, distances, grid, top)
+        _draw_distances(ax, distances, grids[name], top)
         ax.set_title(name, fontsize=9)
     axes[0].set_ylabel("attention distance (tokens)")
-    handles, labels = max(
-        (ax.get_legend_handles_labels() for ax in axes), key=lambda pair: len(pair[1])
-    )
-    fig.legend(handles, labels, fontsize=7, loc="outside lower center", ncol=6, frameon=False)
+    legend: dict[str, Any] = {}  # label: handle, the first panel's of each label
+    for ax in axes:
+        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            legend.setdefault(label, handle)
+    fig.legend(
+        list(legend.values()), list(legend), fontsize=7, loc="outside lower center", ncol=6,
+        frameon=False,
+    )  # fmt: skip
     fig.suptitle(
         title or "Attention distance per head and layer (one dot per head, mean as a line)",
         fontsize=10,
