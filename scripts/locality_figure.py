@@ -35,7 +35,7 @@ def load(source: str) -> tuple[str, torch.nn.Module, str]:
     if source.startswith("pretrained:"):
         name = source.removeprefix("pretrained:")
         model = create_model(name, pretrained=True).eval()
-        return f"{name} (shipped)", model, pretrained_info(name.split()[0]).dataset
+        return f"{name} (shipped)", model, pretrained_info(name).dataset
     path = Path(source)
     if path.is_dir():
         path = RunDir(path).best
