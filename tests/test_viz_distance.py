@@ -162,6 +162,11 @@ def test_models_of_different_grids_each_get_their_own_uniform_line_and_legend_en
     assert labels.count("uniform attention (7.28 on 14×14)") == 1
     assert labels.count("uniform attention (8.33 on 16×16)") == 1
     assert labels.count("head 1") == 1
+    single = distance_comparison_figure({"only": models["anywhere"]}, grid=(16, 16))
+    FigureCanvasAgg(single).draw()
+    for artist in (single._suptitle, single.legends[0]):  # one panel: title and legend still fit
+        box = artist.get_window_extent()
+        assert single.bbox.x0 <= box.x0 and box.x1 <= single.bbox.x1
     with pytest.raises(ValueError, match="one token grid per model"):
         distance_comparison_figure(models, grid={"fashion": (14, 14)})
 

@@ -203,7 +203,8 @@ def distance_comparison_figure(
             f"{sorted(grids)}"
         )
     top = max(_top(distances, grids[name]) for name, distances in models.items())
-    fig = new_figure(2.2 + 2.6 * len(models), 4.2)
+    # one panel: as wide as distance_figure
+    fig = new_figure(max(2.2 + 2.6 * len(models), 6.4), 4.2)
     axes = fig.subplots(1, len(models), sharey=True, squeeze=False)[0]
     for ax, (name, distances) in zip(axes, models.items(), strict=True):
         _draw_distances(ax, distances, grids[name], top)
