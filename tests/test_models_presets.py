@@ -408,6 +408,7 @@ def test_models_command_prints_every_preset(capsys):
         "resnet-fashion-small",
         "tcnn-fashion-small",
         "vit-fashion",
+        "learned-anywhere",
     ]
 
 

@@ -178,6 +178,7 @@ def test_commands_take_a_checkpoint_or_a_pretrained_name_not_both(capsys):
 
 
 SHIPPED = pretrained_models()
+IMAGE_SIZES = {"fashion-mnist": 28, "fashion-mnist-anywhere": 32}  # the side of their images
 
 
 def _as_saved(arguments: dict) -> dict:
@@ -185,7 +186,7 @@ def _as_saved(arguments: dict) -> dict:
     return {k: tuple(v) if isinstance(v, list) else v for k, v in arguments.items()}
 
 
-def test_the_fashion_mnist_experiment_is_shipped_within_10_mb():
+def test_the_fashion_mnist_experiments_are_shipped_within_10_mb():
     assert list(SHIPPED) == [
         "quadratic-fashion",
         "learned-fashion",
@@ -194,12 +195,13 @@ def test_the_fashion_mnist_experiment_is_shipped_within_10_mb():
         "vit-fashion",
         "resnet-fashion-small",
         "tcnn-fashion-small",
+        "learned-anywhere",
     ]
     folder = WEIGHTS_DIR
     total = sum(path.stat().st_size for path in folder.iterdir())
     assert total <= 10 * 2**20
     for name, info in SHIPPED.items():
-        assert info.architecture == PRESETS[name].model and info.dataset == "fashion-mnist"
+        assert info.architecture == PRESETS[name].model and info.dataset == PRESETS[name].dataset
         # Every constructor argument, defaults included: a later default cannot change the model.
         assert set(info.arguments) == set(inspect.signature(MODELS[info.architecture]).parameters)
         preset, saved = PRESETS[name].model_kwargs, info.arguments
@@ -210,20 +212,23 @@ def test_the_fashion_mnist_experiment_is_shipped_within_10_mb():
         assert shape.items() <= _as_saved(saved).items()  # statistics: measured on data
         model = create_model(name, pretrained=True)
         assert not model.training
-        assert model(torch.rand(2, 1, 28, 28)).shape == (2, 10)
-    images, captions = sample_images("fashion-mnist")
-    assert images.shape == (SAMPLE_COUNT, 1, 28, 28) and len(captions) == SAMPLE_COUNT
+        size = IMAGE_SIZES[info.dataset]
+        assert model(torch.rand(2, 1, size, size)).shape == (2, 10)
+    for dataset, size in IMAGE_SIZES.items():
+        images, captions = sample_images(dataset)
+        assert images.shape == (SAMPLE_COUNT, 1, size, size) and len(captions) == SAMPLE_COUNT
 
 
 @pytest.mark.needs_fashion_mnist
 @pytest.mark.parametrize("name", list(SHIPPED))
 def test_shipped_model_reaches_its_stated_test_accuracy(name):
-    """Each shipped model, in float32 on the 10000 Fashion-MNIST test images, within half a point
-    of the accuracy its index states (measured when it was exported)."""
+    """Each shipped model, in float32 on the 10000 test images of its dataset (Fashion-MNIST, or
+    its garments placed anywhere), within half a point of the accuracy its index states (measured
+    when it was exported)."""
     from attnconv.data import BatchLoader, load_splits
     from attnconv.train.loop import evaluation_sums
 
-    test = load_splits("fashion-mnist", download=False).test
+    test = load_splits(SHIPPED[name].dataset, download=False).test
     loader = BatchLoader(test, 500, device="cpu", train=False, flip=False)
     _, correct, seen = evaluation_sums(create_model(name, pretrained=True), loader, "fp32")
     assert seen == 10000

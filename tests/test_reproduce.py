@@ -102,11 +102,13 @@ def test_run_plans_follow_the_recipe_seed_and_precision():
     assert (content.epochs, content.precision, plans) == (18, "bf16", [(18, 1), (22, 22)])
     with pytest.raises(ValueError, match="unknown recipe 'paper'; valid recipes: shipped, presets"):
         reproduce.run_plan("fashion-mnist", "learned-fashion", "paper", 0)
-    # fashion-mnist-anywhere ships no weights: its presets train as they stand
+    # on fashion-mnist-anywhere only learned-anywhere ships weights: the others train as they stand
     anywhere, plans = reproduce.run_plan("fashion-mnist-anywhere", "learned-anywhere", "presets", 0)
     assert (anywhere.dataset, anywhere.precision, plans) == ("fashion-mnist-anywhere", "auto", [(18, 18)])
+    shipped, plans = reproduce.run_plan("fashion-mnist-anywhere", "learned-anywhere", "shipped", 1)
+    assert (shipped.epochs, shipped.precision, shipped.seed, plans) == (22, "fp32", 1, [(22, 22)])
     with pytest.raises(ValueError, match=r"no shipped recipe.*; train it with --recipe presets"):
-        reproduce.run_plan("fashion-mnist-anywhere", "learned-anywhere", "shipped", 0)
+        reproduce.run_plan("fashion-mnist-anywhere", "quadratic-anywhere", "shipped", 0)
 
 
 def test_the_shipped_recipes_are_the_runs_of_the_shipped_weights():
