@@ -40,7 +40,7 @@ def load(source: str) -> tuple[str, torch.nn.Module, str]:
     if path.is_dir():
         path = RunDir(path).best
     model, checkpoint = load_model(path)
-    name = f"{checkpoint['preset']}, {path.parent.parent.name} epoch {checkpoint['epoch']}"
+    name = f"{path.parent.parent.name}, epoch {checkpoint['epoch']}"  # the run folder's name
     return name, model.eval(), checkpoint["dataset"]
 
 
