@@ -271,16 +271,16 @@ def write_distance_comparison(rows: list[dict[str, Any]], figures: Path) -> list
     attention = [row for row in rows if row["head_distances"] is not None]
     if not attention:
         return []
-    names = [
-        f"{row['preset']}\n{100 * row['test_acc']:.1f}%, {row['epochs']} epochs"
+    panels = {  # panel title: the row drawn in it
+        f"{row['preset']}\n{100 * row['test_acc']:.1f}%, {row['epochs']} epochs": row
         for row in attention
-    ]
+    }
     fig = distance_comparison_figure(
         {
             name: [torch.tensor(layer) for layer in row["head_distances"]]
-            for name, row in zip(names, attention, strict=True)
+            for name, row in panels.items()
         },
-        grid={name: tuple(row["grid"]) for name, row in zip(names, attention, strict=True)},
+        grid={name: row["grid"] for name, row in panels.items()},
     )
     return save_figure(fig, figures, "distance-by-depth")
 
