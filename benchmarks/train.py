@@ -4,7 +4,9 @@ For each preset (the paper's, and the position-only Fashion-MNIST ones): SGD ste
 cross-entropy, backward, momentum update) at the paper's batch size on batches of random pixels
 shaped as the preset's images (3×32×32 for CIFAR; the cost does not depend on them). Each step's
 floating-point operations are counted as they execute (``torch.utils.flop_counter``: the matrix
-products and convolutions of forward and backward, on a batch of 2, per image), and the machine's
+products and convolutions of forward and backward, on one batch of the timed size, per image:
+the work per image can depend on the batch, e.g. a BERT layer's dense map folds into the output
+projection only for batches of enough pixels, ``attention.layer.fold_pays``), and the machine's
 ceiling is measured in the same run: the best rate of a large square matrix product
 (``--gemm-size``) in float32 (and in bfloat16 when that is the precision that runs). The table
 gives images/s and the achieved fraction of that ceiling; the targets in float32 (``TARGET``) are
@@ -116,8 +118,9 @@ def conv_flops_per_second(size: int, dtype: torch.dtype, device: torch.device,
     return 2 * size**3 / best
 
 
-def training_flops_per_image(preset: str, device: torch.device, batch: int = 2) -> float:
-    """FLOPs of one training step (forward + backward) per image, counted as executed."""
+def training_flops_per_image(preset: str, device: torch.device, batch: int) -> float:
+    """FLOPs of one training step (forward + backward) on ``batch`` images, per image, counted as
+    executed on ``device`` (where the routes taken, and so the work, can differ)."""
     model = fresh_model(preset).to(device).train()
     images = torch.rand(batch, model.in_channels, *model.image_size, device=device)
     labels = torch.zeros(batch, dtype=torch.long, device=device)
@@ -237,7 +240,7 @@ def preset_table(presets: list[str], precisions: list[str], batch_size: int, ste
         header += f"{precisions[1] + '/fp32':>11}"
     print(header + "\n" + "-" * len(header))
     for preset in presets:
-        flops = training_flops_per_image(preset, device)
+        flops = training_flops_per_image(preset, device, batch_size)
         params = count_parameters(fresh_model(preset)) / 1e6
         line = f"{preset:<24}{params:>8.2f}M{flops / 1e9:>11.2f}"
         rates, fractions = {}, {}

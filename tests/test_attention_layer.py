@@ -415,3 +415,88 @@ def test_non_finite_input_gives_non_finite_output(config):
     assert not torch.isfinite(layer(x)).all()
     x[0, 1, 2, 3] = float("inf")
     assert not torch.isfinite(layer(x)).all()
+
+
+def then_forward_and_grads(layer, then, x, impl, weight):
+    """Like forward_and_grads, for ``layer(x, then=then)``; gradients of both modules' parameters."""
+    layer.impl = "dense" if impl == "dense" else "auto"
+    x = x.detach().requires_grad_(True)
+    threshold = 0 if impl == "auto-fused" else layer_module.FUSED_MIN_ELEMENTS
+    shared = dict(layer_module.SHARED_MAX_TOKENS)
+    if impl == "auto-shared":
+        shared[x.device.type] = x.shape[1] * x.shape[2]
+    with (
+        mock.patch.object(layer_module, "FUSED_MIN_ELEMENTS", threshold),
+        mock.patch.object(layer_module, "SHARED_MAX_TOKENS", shared),
+    ):
+        y = layer(x, then=then)
+    (y * weight).sum().backward()
+    grads = {name: p.grad.clone() for name, p in layer.named_parameters()}
+    grads |= {f"then.{name}": p.grad.clone() for name, p in then.named_parameters()}
+    grads["input"] = x.grad.clone()
+    layer.zero_grad()
+    then.zero_grad()
+    return y.detach(), grads
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=str)
+@pytest.mark.parametrize(("batch", "height"), [(1, 3), (3, 5)], ids=["two-maps", "folded"])
+def test_a_following_linear_map_folded_or_not_matches_the_reference(config, batch, height):
+    """``layer(x, then=dense)`` is ``dense(layer(x))`` on every route, forward and gradients, in
+    float64. With 3 heads of 4 (12 channels) into 6, then 7, folding pays from 17 rows on: one
+    image of 3×4 pixels takes two maps, three of 5×4 one folded map (``fold_pays`` checked)."""
+    layer = make_layer(config, 5, 3, 4, seed=4, out_dim=6)
+    torch.manual_seed(5)
+    then = torch.nn.Linear(6, 7).double()
+    tokens = batch * height * 4
+    assert layer_module.fold_pays(layer.out, then, tokens) == (batch == 3)
+    gen = torch.Generator().manual_seed(6)
+    x = torch.randn(batch, height, 4, 5, generator=gen, dtype=torch.float64)
+    weight = torch.randn(batch, height, 4, 7, generator=gen, dtype=torch.float64)
+    x_ref = x.clone().requires_grad_(True)
+    y_ref = then(reference_forward(layer, x_ref)[0])
+    (y_ref * weight).sum().backward()
+    g_ref = {name: p.grad.clone() for name, p in layer.named_parameters()}
+    g_ref |= {f"then.{name}": p.grad.clone() for name, p in then.named_parameters()}
+    g_ref["input"] = x_ref.grad.clone()
+    layer.zero_grad()
+    then.zero_grad()
+    for impl in ROUTES:
+        y, grads = then_forward_and_grads(layer, then, x, impl, weight)
+        assert rel_err(y, y_ref.detach()) < 1e-10, impl
+        assert grads.keys() == g_ref.keys()
+        for name in grads:
+            assert rel_err(grads[name], g_ref[name], grad_floor(g_ref)) < 1e-10, (impl, name)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_folding_takes_the_fewer_multiply_adds_counted_as_they_run(bias):
+    """Around the threshold (13 rows: square maps of 6 after 12 channels), the layer with
+    ``then`` runs no more multiply-adds than the cheaper of folding and two maps, and strictly
+    fewer than the dearer where the two differ, as ``FlopCounterMode`` counts them."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    layer = MultiHeadSelfAttention2d(6, 3, head_dim=4, positional="gaussian", max_size=8)
+    then = torch.nn.Linear(6, 6, bias=bias)
+
+    def counted(run, x) -> int:
+        with torch.no_grad(), FlopCounterMode(display=False) as counter:
+            run(x)
+        return counter.get_total_flops() // 2
+
+    for height, width in [(2, 5), (3, 4), (2, 7), (4, 4)]:  # 10, 12, 14 and 16 rows
+        x = torch.randn(1, height, width, 6)
+        attention = counted(layer, x)
+        two_maps = counted(lambda t: then(layer(t)), x)
+        # the composite's weight and bias, then a projection of the same size as the layer's
+        one_map = attention + 6 * 6 * (12 + 1)
+        folded = counted(lambda t: layer(t, then=then), x)
+        assert folded == min(two_maps, one_map), (height, width)
+        folds = layer_module.fold_pays(layer.out, then, height * width)
+        assert folds == (one_map < two_maps)
+
+
+def test_a_following_map_of_the_wrong_width_is_refused():
+    layer = MultiHeadSelfAttention2d(6, 2, positional="gaussian", max_size=8, out_dim=5)
+    with pytest.raises(TypeError, match=r"nn\.Linear taking the layer's 5 output channels"):
+        layer(torch.randn(1, 3, 3, 6), then=torch.nn.Linear(6, 6))

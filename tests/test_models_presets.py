@@ -248,11 +248,16 @@ def transformer_macs(
     *, h, w, channels, stem, hidden, heads, head_dim, mlp, depth, classes, attention
 ):
     n = h * w
+    # The output projection and the dense map after it, as two maps or folded into one (its
+    # weight and bias computed once per forward), whichever takes fewer.
+    out_then_dense = min(
+        linear_macs(n, heads * head_dim, hidden) + linear_macs(n, hidden, hidden),
+        hidden * hidden * (heads * head_dim + 1) + linear_macs(n, heads * head_dim, hidden),
+    )
     per_layer = (
         attention(n, h, w, heads, head_dim)
         + (linear_macs(n, hidden, heads * head_dim) if head_dim != hidden else 0)  # value
-        + linear_macs(n, heads * head_dim, hidden)  # out
-        + linear_macs(n, hidden, hidden)  # attention dense
+        + out_then_dense
         + linear_macs(n, hidden, mlp)
         + linear_macs(n, mlp, hidden)  # feed-forward
     )

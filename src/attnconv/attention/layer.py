@@ -87,6 +87,33 @@ def use_fused_route(device: torch.device, numel: int, value_projection: bool) ->
             and numel >= FUSED_MIN_ELEMENTS)
 
 
+Projection = tuple[Tensor, Tensor | None]
+"""A linear map's ``(weight (out, in), bias (out,) | None)``, as ``F.linear`` takes them."""
+
+
+def fold_pays(first: nn.Linear, then: nn.Linear, tokens: int) -> bool:
+    """Whether ``then(first(y))`` for ``tokens`` rows of ``y`` takes fewer multiply-adds as one map
+    (``fold_linear``: ``then.weight @ first.weight`` once, then one product per row) than as
+    two. For square maps that is when the rows outnumber ``first``'s inputs (plus one for its
+    bias): a BERT layer's dense map folds into the output projection of ``heads·head_dim``
+    channels once the batch has more pixels than that (at 14×14 with 144 channels, always; at
+    16×16 with 3,600 channels, from 15 images)."""
+    inner, middle, outer = first.in_features, first.out_features, then.out_features
+    two_maps = tokens * (inner * middle + middle * outer)
+    composite = outer * middle * (inner + (first.bias is not None))  # weight and bias
+    return composite + tokens * inner * outer < two_maps
+
+
+def fold_linear(first: nn.Linear, then: nn.Linear) -> Projection:
+    """``then ∘ first`` as one map: weight ``then.weight @ first.weight`` ``(then.out, first.in)``
+    and bias ``then.weight @ first.bias + then.bias``. The same function (to rounding), and the
+    gradients reach both maps' parameters through the composite by the chain rule, so training is
+    unchanged; only the products differ."""
+    weight = then.weight @ first.weight
+    if first.bias is None:
+        return weight, then.bias
+    return weight, F.linear(first.bias, then.weight, then.bias)
+
 _LEGACY_NAMES = {
     "centers": "centers",
     "spread": "spread",
@@ -374,38 +401,45 @@ class MultiHeadSelfAttention2d(nn.Module):
 
     # ------------------------------------------------------------------ forward
 
-    def forward(self, x: Tensor, return_attention: bool = False) -> Tensor | tuple[Tensor, Tensor]:
-        """Attend over the pixels of ``x (B, H, W, dim)``; returns ``(B, H, W, out_dim)``.
+    def forward(
+        self, x: Tensor, return_attention: bool = False, then: nn.Linear | None = None
+    ) -> Tensor | tuple[Tensor, Tensor]:
+        """Attend over the pixels of ``x (B, H, W, dim)``; returns ``(B, H, W, out_dim)``, or
+        ``(B, H, W, then.out_features)`` with ``then``.
 
         With ``return_attention=True`` also returns the probabilities ``(B, heads, H·W, H·W)``
         (before dropout; for position-only layers an expanded view of one shared matrix).
+
+        ``then``, a linear map applied to the output (a BERT layer's dense layer), is folded into
+        the output projection where that takes fewer multiply-adds (``fold_linear``).
         """
         batch, height, width = self._check_input(x)
+        projection, after = self._output_projection(then, batch * height * width)
         if batch == 0:
-            return self._forward_empty(x, return_attention)
-        if self.impl == "dense":
-            y, probs = self._forward_dense(x)
+            y, probs = self._forward_empty(x, projection)
+        elif self.impl == "dense":
+            y, probs = self._forward_dense(x, projection)
         elif self.separable and not use_shared_route(x.device, height * width):
-            y, probs = self._forward_separable(x, return_attention)
+            y, probs = self._forward_separable(x, return_attention, projection)
         elif self.position_only:
-            y, probs = self._forward_shared(x)
+            y, probs = self._forward_shared(x, projection)
         else:
-            y, probs = self._forward_content(x, return_attention)
+            y, probs = self._forward_content(x, return_attention, projection)
+        if after is not None:
+            y = after(y)
         if not return_attention:
             return y
         n = height * width
         # (heads, N, N) shared by the batch, or (B, heads, N, N) -> (B, heads, N, N)
         return y, probs.expand(batch, self.heads, n, n)
 
-    def _forward_empty(self, x: Tensor, return_attention: bool) -> Tensor | tuple[Tensor, Tensor]:
+    def _forward_empty(self, x: Tensor, projection: Projection) -> tuple[Tensor, Tensor]:
         """An empty batch ``x (0, H, W, dim)``: the empty output ``(0, H, W, out_dim)`` of the
         value and output projections (so autograd reaches ``x``), and no probabilities
         ``(0, heads, H·W, H·W)``, as torch's layers answer an empty batch."""
         values = self._values(x)  # (0, heads|1, H, W, head_dim)
         _, _, height, width, head_dim = values.shape
-        y = self._project_out(values.expand(0, self.heads, height, width, head_dim))
-        if not return_attention:
-            return y
+        y = self._project_out(values.expand(0, self.heads, height, width, head_dim), projection)
         n = height * width
         return y, x.new_zeros(0, self.heads, n, n)
 
@@ -418,12 +452,30 @@ class MultiHeadSelfAttention2d(nn.Module):
         v = v.view(batch, height, width, self.heads, self.head_dim)  # (B, H, W, heads, d)
         return v.permute(0, 3, 1, 2, 4)  # (B, heads, H, W, d)
 
-    def _project_out(self, y: Tensor) -> Tensor:
-        """``y (B, heads, H, W, head_dim)`` → output ``(B, H, W, out_dim)``."""
+    def _output_projection(
+        self, then: nn.Linear | None, tokens: int
+    ) -> tuple[Projection, nn.Linear | None]:
+        """The output projection's ``(weight, bias)`` for ``tokens`` pixels in all, with ``then``
+        folded in where that is cheaper (``fold_linear``), and the map still to apply after it
+        (``then`` when it was not folded, else ``None``)."""
+        if then is None:
+            return (self.out.weight, self.out.bias), None
+        if not isinstance(then, nn.Linear) or then.in_features != self.out_dim:
+            raise TypeError(
+                f"then must be an nn.Linear taking the layer's {self.out_dim} output channels, "
+                f"got {then!r}"
+            )
+        if not fold_pays(self.out, then, tokens):
+            return (self.out.weight, self.out.bias), then
+        return fold_linear(self.out, then), None
+
+    def _project_out(self, y: Tensor, projection: Projection) -> Tensor:
+        """``y (B, heads, H, W, head_dim)`` → output ``(B, H, W, out)`` through ``projection``,
+        ``(weight (out, heads·head_dim), bias (out,) | None)``."""
         batch, heads, height, width, head_dim = y.shape
         y = y.permute(0, 2, 3, 1, 4)  # (B, H, W, heads, d)
         y = y.reshape(batch, height, width, heads * head_dim)  # (B, H, W, heads·d)
-        return self.out(y)
+        return F.linear(y, *projection)
 
     def _values_pixels_first(self, x: Tensor, axis: int) -> Tensor:
         """Values with one spatial axis first: ``(heads|1, L, rest)`` for a big matrix product.
@@ -449,7 +501,9 @@ class MultiHeadSelfAttention2d(nn.Module):
             return (probs.reshape(heads * length, length) @ values[0]).view(heads, length, -1)
         return torch.bmm(probs, values)
 
-    def _forward_separable(self, x: Tensor, return_attention: bool) -> tuple[Tensor, Tensor | None]:
+    def _forward_separable(
+        self, x: Tensor, return_attention: bool, projection: Projection
+    ) -> tuple[Tensor, Tensor | None]:
         """``P^h = R^h ⊗ C^h``: attend along columns with ``C^h``, then along rows with ``R^h``."""
         batch, height, width, _ = x.shape
         row, col = self.position.probability_factors(height, width)
@@ -458,7 +512,7 @@ class MultiHeadSelfAttention2d(nn.Module):
             mask_row, mask_col = self._factored_dropout_masks(height, width, row)
             row, col = row * mask_row, col * mask_col
         if use_fused_route(x.device, x.numel(), self.value is not None):
-            y = separable_attention_project(x, row, col, self.out.weight, self.out.bias)
+            y = separable_attention_project(x, row, col, *projection)
             return y, probs
         # All heads at once: two batched products, then the output projection.
         v = self._values_pixels_first(x, axis=2)  # (heads|1, W, B·H·d)
@@ -468,9 +522,9 @@ class MultiHeadSelfAttention2d(nn.Module):
         # Rows: y[h, q1, (q2, b, c)] = Σ_k1 row[h, q1, k1] t[h, k1, (q2, b, c)].
         t = t.permute(0, 3, 1, 2, 4).reshape(self.heads, height, width * batch * d)
         y = torch.bmm(row.to(v.dtype), t).view(self.heads, height, width, batch, d)
-        return self._project_out(y.permute(3, 0, 1, 2, 4)), probs  # (B, heads, H, W, d)
+        return self._project_out(y.permute(3, 0, 1, 2, 4), projection), probs  # (B, heads, H, W, d)
 
-    def _forward_shared(self, x: Tensor) -> tuple[Tensor, Tensor]:
+    def _forward_shared(self, x: Tensor, projection: Projection) -> tuple[Tensor, Tensor]:
         """Position-only: one ``(heads, N, N)`` matrix applied to the whole batch. Dropout draws the
         same factored mask as the separable route, so the two agree sample by sample."""
         batch, height, width, _ = x.shape
@@ -483,7 +537,7 @@ class MultiHeadSelfAttention2d(nn.Module):
         d = v.shape[-1] // batch
         y = self._apply_per_head(applied.to(v.dtype), v)  # (heads, N, B·d)
         y = y.view(self.heads, height, width, batch, d)
-        return self._project_out(y.permute(3, 0, 1, 2, 4)), probs  # (B, heads, H, W, d)
+        return self._project_out(y.permute(3, 0, 1, 2, 4), projection), probs  # (B, heads, H, W, d)
 
     def _content_logits(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
         """Query ``(B, heads, N, d)``, key ``(B, heads, N, d)`` or None, and the bias logits."""
@@ -505,7 +559,9 @@ class MultiHeadSelfAttention2d(nn.Module):
             bias = cp if bias is None else bias + cp
         return q, k, bias
 
-    def _forward_content(self, x: Tensor, return_attention: bool) -> tuple[Tensor, Tensor | None]:
+    def _forward_content(
+        self, x: Tensor, return_attention: bool, projection: Projection
+    ) -> tuple[Tensor, Tensor | None]:
         """Content scores through ``attention/content.py``: per-image separable terms folded into
         the product, a positional term shared by the batch added as a bias."""
         batch, height, width, _ = x.shape
@@ -543,7 +599,7 @@ class MultiHeadSelfAttention2d(nn.Module):
             return_probs=return_attention,
         )
         y = y.view(batch, self.heads, height, width, -1)  # (B, heads, H, W, d)
-        return self._project_out(y), probs
+        return self._project_out(y, projection), probs
 
     def _content_probs(self, q: Tensor, k: Tensor | None, bias: Tensor | None) -> Tensor:
         """Explicit ``(B, heads, N, N)`` probabilities from content and positional logits."""
@@ -554,7 +610,7 @@ class MultiHeadSelfAttention2d(nn.Module):
             logits = logits + bias
         return scores.softmax_without_subnormals(logits)
 
-    def _forward_dense(self, x: Tensor) -> tuple[Tensor, Tensor]:
+    def _forward_dense(self, x: Tensor, projection: Projection) -> tuple[Tensor, Tensor]:
         """Reference path: explicit per-image ``(B, heads, N, N)`` scores, softmax, weighted sum."""
         batch, height, width, _ = x.shape
         n = height * width
@@ -580,7 +636,7 @@ class MultiHeadSelfAttention2d(nn.Module):
         v = self._values(x).flatten(2, 3)  # (B, heads|1, N, d)
         y = applied.to(v.dtype) @ v  # (B, heads, N, d)
         y = y.view(batch, self.heads, height, width, -1)  # (B, heads, H, W, d)
-        return self._project_out(y), probs
+        return self._project_out(y, projection), probs
 
     # ------------------------------------------------------------------ analysis and surgery
 

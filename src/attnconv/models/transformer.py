@@ -109,11 +109,13 @@ class TransformerBlock(nn.Module):
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """``x`` ``(B, h, w, hidden)``; with ``return_attention`` also the probabilities
         ``(B, heads, h·w, h·w)``."""
+        # The dense map is folded into the attention's output projection where that is cheaper
+        # (two linear maps in a row are one).
         if return_attention:
-            attended, probs = self.attention(x, return_attention=True)
+            attended, probs = self.attention(x, return_attention=True, then=self.attention_dense)
         else:
-            attended = self.attention(x)
-        x = self.attention_norm(x + self.dropout(self.attention_dense(attended)))
+            attended = self.attention(x, then=self.attention_dense)
+        x = self.attention_norm(x + self.dropout(attended))
         x = self.mlp_norm(x + self.dropout(self.mlp_out(F.gelu(self.mlp_in(x)))))
         return (x, probs) if return_attention else x
 
