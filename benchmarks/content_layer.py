@@ -23,7 +23,9 @@ two agree on an idle machine), with freed memory kept for reuse as ``attnconv tr
 
 Part 2, ``steps``: a training step (forward, cross-entropy, backward, SGD with momentum) of
 ``learned-content-fashion`` against ``vit-fashion`` (the plain ViT at similar multiply-adds) on
-Fashion-shaped batches, float32 and bfloat16 autocast, alternating, best of ``--rounds``.
+Fashion-shaped batches, float32 and bfloat16 autocast, alternating, best of ``--rounds``; beside
+them the content model with its BERT dense map applied after the output projection rather than
+folded into it (``attention.layer.fold_pays``), the path before the fold.
 
     python benchmarks/content_layer.py --threads 1
     python benchmarks/content_layer.py --sections layer --batch 20 --rounds 3   # a quick look
@@ -46,6 +48,7 @@ from torch import Tensor, nn
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from attnconv import MultiHeadSelfAttention2d
 from attnconv.attention import content
+from attnconv.attention import layer as layer_module
 from attnconv.hardware import machine_description
 from attnconv.memory import reuse_freed_memory
 from attnconv.models import create_model
@@ -84,7 +87,8 @@ def previous_forward(layer: MultiHeadSelfAttention2d, x: Tensor) -> Tensor:
             q.to(dtype).contiguous(), k.to(dtype).contiguous(), None,
             value.to(dtype).contiguous(), bias.to(dtype), 0.0,
         )
-    return layer._project_out(y.view(batch, layer.heads, height, width, -1))
+    projection = (layer.out.weight, layer.out.bias)
+    return layer._project_out(y.view(batch, layer.heads, height, width, -1), projection)
 
 
 def whole_batch() -> contextlib.AbstractContextManager:
@@ -172,39 +176,50 @@ def layer_section(batch: int, rounds: int, device: torch.device) -> None:
         print(line, flush=True)
 
 
+UNFOLDED = "content, two maps"
+"""The content model with its dense map applied after the output projection, as before the two
+were folded into one (``attention.layer.fold_pays``): the fold's gain, measured alongside."""
+
+
 def step_section(batch: int, rounds: int, device: torch.device) -> None:
     costs = {name: preset_cost(name) for name in STEP_PRESETS}
     print(f"\nsteps: one training step (forward, cross-entropy, backward, SGD with momentum), "
           f"batch {batch} of Fashion-shaped images; best of {rounds} alternating rounds")
-    print("  ".join(f"{name}: {costs[name].macs / 1e6:.1f}M multiply-adds/image"
+    print("  ".join(f"{name}: {costs[name].macs / 1e6:.1f}M multiply-adds/image (one image)"
                     for name in STEP_PRESETS))
     ours, peer = STEP_PRESETS
-    header = f"{'precision':<10}" + "".join(f"{name:>26}" for name in STEP_PRESETS)
-    header += f"{'ratio':>8}"
+    contenders = {ours: ours, UNFOLDED: ours, peer: peer}  # column -> preset
+    header = f"{'precision':<10}" + "".join(f"{name:>26}" for name in contenders)
+    header += f"  {peer + ' / ' + ours:>38}{'two maps / folded':>19}"
     print(header + "\n" + "-" * len(header))
     generator = torch.Generator().manual_seed(0)
     images = torch.rand(batch, 1, 28, 28, generator=generator).to(device)
     labels = torch.randint(0, 10, (batch,), generator=generator).to(device)
     for precision in ("fp32", "bf16"):
         steps = {}
-        for name in STEP_PRESETS:
+        for column, name in contenders.items():
             torch.manual_seed(0)
             model = create_model(name).to(device).train()
             optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+            folding = (mock.patch.object(layer_module, "fold_pays", lambda *args: False)
+                       if column == UNFOLDED else contextlib.nullcontext())
 
             def step(model: nn.Module = model, optimizer: torch.optim.Optimizer = optimizer,
-                     precision: str = precision) -> None:
-                with autocast(precision, device):
+                     precision: str = precision,
+                     folding: contextlib.AbstractContextManager = folding) -> None:
+                with folding, autocast(precision, device):
                     loss = F.cross_entropy(model(images), labels)
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 optimizer.step()
 
-            steps[name] = step
+            steps[column] = step
         best = alternate(steps, rounds, device)
-        print(f"{precision:<10}" + "".join(f"{best[n] * 1e3:>24.1f}ms" for n in STEP_PRESETS)
-              + f"{best[peer] / best[ours]:>7.2f}x  ({peer} / {ours}; >= 1: the content "
-              "model's step is no slower)", flush=True)
+        print(f"{precision:<10}" + "".join(f"{best[n] * 1e3:>24.1f}ms" for n in contenders)
+              + f"{best[peer] / best[ours]:>39.2f}x{best[UNFOLDED] / best[ours]:>18.2f}x",
+              flush=True)
+    print(f"({peer} / {ours} >= 1: the content model's step is no slower than the ViT's; "
+          "two maps / folded: the fold's gain)")
 
 
 def main(argv: list[str] | None = None) -> None:

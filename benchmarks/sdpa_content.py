@@ -24,10 +24,14 @@ from attnconv import MultiHeadSelfAttention2d
 
 
 def sdpa_forward_content(
-    layer: MultiHeadSelfAttention2d, x: Tensor, return_attention: bool = False
+    layer: MultiHeadSelfAttention2d,
+    x: Tensor,
+    return_attention: bool = False,
+    projection: tuple[Tensor, Tensor | None] | None = None,
 ) -> tuple[Tensor, Tensor | None]:
-    """``layer._forward_content`` as it was: ``x (B, H, W, dim)`` → output ``(B, H, W, out_dim)``
-    and, with ``return_attention`` (or without keys), the probabilities ``(B, heads, N, N)``."""
+    """``layer._forward_content`` as it was: ``x (B, H, W, dim)`` → output ``(B, H, W, out)``
+    and, with ``return_attention`` (or without keys), the probabilities ``(B, heads, N, N)``.
+    ``projection``: the output map's ``(weight, bias)`` (default: the layer's own)."""
     batch, height, width, _ = x.shape
     n = height * width
     q, k, bias = layer._content_logits(x)  # the dense reference's queries, keys and mask
@@ -44,7 +48,9 @@ def sdpa_forward_content(
         mask = None if bias is None else bias.view(-1, layer.heads, n, n)
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout)
     y = y.view(batch, layer.heads, height, width, -1)  # (B, heads, H, W, d)
-    return layer._project_out(y), probs
+    if projection is None:
+        projection = (layer.out.weight, layer.out.bias)
+    return layer._project_out(y, projection), probs
 
 
 def use_sdpa_content(model: nn.Module) -> int:

@@ -33,10 +33,11 @@ def test_old_path_matches_layer_forward_and_gradients(kwargs: dict) -> None:
     x = torch.randn(2, 5, 6, 8, dtype=torch.float64, requires_grad=True)
     weight = torch.randn(2, 5, 6, 8, dtype=torch.float64)
     results = []
-    for forward in (layer._forward_content, lambda x, r: sdpa_forward_content(layer, x, r)):
-        y, _ = forward(x, False)
+    projection = (layer.out.weight, layer.out.bias)
+    for forward in (layer._forward_content, partial(sdpa_forward_content, layer)):
+        y, _ = forward(x, False, projection)
         grads = torch.autograd.grad((y * weight).sum(), [x, *layer.parameters()])
-        _, probs = forward(x, True)
+        _, probs = forward(x, True, projection)
         results.append((y, probs, grads))
     (y, probs, grads), (y_old, probs_old, grads_old) = results
     torch.testing.assert_close(y_old, y, rtol=1e-10, atol=1e-12)
@@ -91,6 +92,10 @@ def test_content_layer_benchmark_prints_every_mode_as_ratios(monkeypatch, capsys
     for mode, precision in content_layer.MODES:
         [line] = [line for line in lines if line.split()[:2] == [mode, precision]]
         assert len(re.findall(r"\d+\.\d+ms", line)) == 3 and len(re.findall(r"\d+\.\d+x", line)) == 2
+    [header] = [line for line in lines if line.startswith("precision ")]
+    assert header.split()[1:] == ["learned-content-fashion", "content,", "two", "maps",
+                                  "vit-fashion", "vit-fashion", "/", "learned-content-fashion",
+                                  "two", "maps", "/", "folded"]
     for precision in ("fp32", "bf16"):
         [line] = [line for line in lines if line.startswith(precision + " ")]
-        assert "(vit-fashion / learned-content-fashion;" in line
+        assert len(re.findall(r"\d+\.\dms", line)) == 3 and len(re.findall(r"\d+\.\d+x", line)) == 2
