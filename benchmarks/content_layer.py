@@ -222,21 +222,33 @@ def step_section(batch: int, rounds: int, device: torch.device) -> None:
           "two maps / folded: the fold's gain)")
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sections", nargs="*", default=["layer", "steps"],
-                        choices=["layer", "steps"])
+def add_timing_arguments(parser: argparse.ArgumentParser, rounds: int) -> None:
+    """``--batch``, ``--rounds``, ``--threads`` and ``--device``, as this benchmark takes them."""
     parser.add_argument("--batch", type=int, default=100)
-    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--rounds", type=int, default=rounds)
     parser.add_argument("--threads", type=int, default=None, help="CPU threads (default: torch's)")
     parser.add_argument("--device", default="cpu")
-    args = parser.parse_args(argv)
+
+
+def timing_device(args: argparse.Namespace) -> torch.device:
+    """Set the threads, keep freed memory for reuse on a CPU (as ``attnconv train`` runs), print
+    the machine; returns the device to time on."""
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     if device.type == "cpu":
-        reuse_freed_memory()  # as attnconv train runs
+        reuse_freed_memory()
     print(machine_description(device))
+    return device
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sections", nargs="*", default=["layer", "steps"],
+                        choices=["layer", "steps"])
+    add_timing_arguments(parser, rounds=10)
+    args = parser.parse_args(argv)
+    device = timing_device(args)
     if "layer" in args.sections:
         layer_section(args.batch, args.rounds, device)
     if "steps" in args.sections:

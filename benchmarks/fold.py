@@ -27,10 +27,8 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from attnconv.attention import layer as layer_module
-from attnconv.hardware import machine_description
-from attnconv.memory import reuse_freed_memory
 from attnconv.models import create_model
-from content_layer import alternate
+from content_layer import add_timing_arguments, alternate, timing_device
 
 PRESETS = ("quadratic-fashion", "learned-fashion", "learned-content-fashion")
 
@@ -61,17 +59,9 @@ def training_step(
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--presets", nargs="+", default=list(PRESETS))
-    parser.add_argument("--batch", type=int, default=100)
-    parser.add_argument("--rounds", type=int, default=6)
-    parser.add_argument("--threads", type=int, default=None, help="CPU threads (default: torch's)")
-    parser.add_argument("--device", default="cpu")
+    add_timing_arguments(parser, rounds=6)
     args = parser.parse_args(argv)
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
-    device = torch.device(args.device)
-    if device.type == "cpu":
-        reuse_freed_memory()  # as attnconv train runs
-    print(machine_description(device))
+    device = timing_device(args)
     print(f"one training step, batch {args.batch}; best of {args.rounds} alternating rounds")
     header = f"{'preset':<26}{'folded':>12}{'two maps':>12}{'two maps / folded':>20}"
     print(header + "\n" + "-" * len(header))

@@ -6,6 +6,7 @@ import re
 
 import torch
 
+import content_layer
 import fold
 from attnconv.attention import layer as layer_module
 
@@ -26,7 +27,8 @@ def test_the_folded_and_the_two_map_steps_reach_the_same_weights() -> None:
         torch.testing.assert_close(param, two_maps[name], rtol=1e-5, atol=1e-6, msg=name)
 
 
-def test_fold_benchmark_prints_both_times_and_their_ratio(capsys) -> None:
+def test_fold_benchmark_prints_both_times_and_their_ratio(monkeypatch, capsys) -> None:
+    monkeypatch.setattr(content_layer, "reuse_freed_memory", lambda: True)  # not in the tests
     threads = torch.get_num_threads()
     try:
         fold.main(["--presets", "quick", "learned-content-fashion", "--batch", "2",

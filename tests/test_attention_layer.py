@@ -53,7 +53,9 @@ def make_layer(config, dim, heads, head_dim, seed, **kwargs) -> MultiHeadSelfAtt
 ROUTES = ("auto", "auto-fused", "auto-shared", "dense")
 
 
-def forward_and_grads(layer, x, impl, weight, dtype):
+def forward_and_grads(layer, x, impl, weight, dtype, then=None):
+    """``layer(x, then=then)`` on route ``impl`` in ``dtype``, and the gradients of ``(y ·
+    weight).sum()`` for the input and every parameter (``then``'s prefixed ``then.``)."""
     layer = layer.to(dtype)
     layer.impl = "dense" if impl == "dense" else "auto"
     x = x.to(dtype).detach().requires_grad_(True)
@@ -65,9 +67,12 @@ def forward_and_grads(layer, x, impl, weight, dtype):
         mock.patch.object(layer_module, "FUSED_MIN_ELEMENTS", threshold),
         mock.patch.object(layer_module, "SHARED_MAX_TOKENS", shared),
     ):
-        y = layer(x)
+        y = layer(x, then=then)
     (y * weight.to(dtype)).sum().backward()
     grads = {name: p.grad.double().clone() for name, p in layer.named_parameters()}
+    if then is not None:
+        grads |= {f"then.{name}": p.grad.double().clone() for name, p in then.named_parameters()}
+        then.zero_grad()
     grads["input"] = x.grad.double()
     layer.zero_grad()
     return y.double(), grads
@@ -417,28 +422,6 @@ def test_non_finite_input_gives_non_finite_output(config):
     assert not torch.isfinite(layer(x)).all()
 
 
-def then_forward_and_grads(layer, then, x, impl, weight):
-    """Like forward_and_grads, for ``layer(x, then=then)``; gradients of both modules' parameters."""
-    layer.impl = "dense" if impl == "dense" else "auto"
-    x = x.detach().requires_grad_(True)
-    threshold = 0 if impl == "auto-fused" else layer_module.FUSED_MIN_ELEMENTS
-    shared = dict(layer_module.SHARED_MAX_TOKENS)
-    if impl == "auto-shared":
-        shared[x.device.type] = x.shape[1] * x.shape[2]
-    with (
-        mock.patch.object(layer_module, "FUSED_MIN_ELEMENTS", threshold),
-        mock.patch.object(layer_module, "SHARED_MAX_TOKENS", shared),
-    ):
-        y = layer(x, then=then)
-    (y * weight).sum().backward()
-    grads = {name: p.grad.clone() for name, p in layer.named_parameters()}
-    grads |= {f"then.{name}": p.grad.clone() for name, p in then.named_parameters()}
-    grads["input"] = x.grad.clone()
-    layer.zero_grad()
-    then.zero_grad()
-    return y.detach(), grads
-
-
 @pytest.mark.parametrize("config", CONFIGS, ids=str)
 @pytest.mark.parametrize(("batch", "height"), [(1, 3), (3, 5)], ids=["two-maps", "folded"])
 def test_a_following_linear_map_folded_or_not_matches_the_reference(config, batch, height):
@@ -462,7 +445,7 @@ def test_a_following_linear_map_folded_or_not_matches_the_reference(config, batc
     layer.zero_grad()
     then.zero_grad()
     for impl in ROUTES:
-        y, grads = then_forward_and_grads(layer, then, x, impl, weight)
+        y, grads = forward_and_grads(layer, x, impl, weight, torch.float64, then=then)
         assert rel_err(y, y_ref.detach()) < 1e-10, impl
         assert grads.keys() == g_ref.keys()
         for name in grads:
