@@ -181,6 +181,11 @@ UNFOLDED = "content, two maps"
 were folded into one (``attention.layer.fold_pays``): the fold's gain, measured alongside."""
 
 
+def two_maps() -> contextlib.AbstractContextManager:
+    """Every layer applies a following map after its output projection, never folded into it."""
+    return mock.patch.object(layer_module, "fold_pays", lambda *args: False)
+
+
 def step_section(batch: int, rounds: int, device: torch.device) -> None:
     costs = {name: preset_cost(name) for name in STEP_PRESETS}
     print(f"\nsteps: one training step (forward, cross-entropy, backward, SGD with momentum), "
@@ -201,8 +206,7 @@ def step_section(batch: int, rounds: int, device: torch.device) -> None:
             torch.manual_seed(0)
             model = create_model(name).to(device).train()
             optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-            folding = (mock.patch.object(layer_module, "fold_pays", lambda *args: False)
-                       if column == UNFOLDED else contextlib.nullcontext())
+            folding = two_maps() if column == UNFOLDED else contextlib.nullcontext()
 
             def step(model: nn.Module = model, optimizer: torch.optim.Optimizer = optimizer,
                      precision: str = precision,

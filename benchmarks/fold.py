@@ -4,9 +4,9 @@
 projection; ``MultiHeadSelfAttention2d(x, then=dense)`` folds the two into one map where the batch
 has enough pixels (``attnconv.attention.layer.fold_pays``, docs/layers.md). This times one training
 step (forward, cross-entropy, backward, SGD with momentum) of each preset folded and with the fold
-turned off (``fold_pays`` patched to refuse), alternating in one process, best of ``--rounds``;
-the ratio is the two maps' time over the folded one's (> 1: folding is faster). On a CPU the times
-are this process's CPU time, as in ``content_layer.py``.
+turned off (``content_layer.two_maps``: ``fold_pays`` patched to refuse), alternating in one
+process, best of ``--rounds``; the ratio is the two maps' time over the folded one's (> 1: folding
+is faster). On a CPU the times are this process's CPU time, as in ``content_layer.py``.
 
     python benchmarks/fold.py --threads 1
     python benchmarks/fold.py --presets quadratic --batch 20 --rounds 3   # the paper's size
@@ -19,16 +19,14 @@ import contextlib
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from unittest import mock
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from attnconv.attention import layer as layer_module
 from attnconv.models import create_model
-from content_layer import add_timing_arguments, alternate, timing_device
+from content_layer import add_timing_arguments, alternate, timing_device, two_maps
 
 PRESETS = ("quadratic-fashion", "learned-fashion", "learned-content-fashion")
 
@@ -46,8 +44,7 @@ def training_step(
     labels = torch.randint(0, model.num_classes, (batch,), generator=generator).to(device)
 
     def step() -> None:
-        with (contextlib.nullcontext() if folds
-              else mock.patch.object(layer_module, "fold_pays", lambda *args: False)):
+        with contextlib.nullcontext() if folds else two_maps():
             loss = F.cross_entropy(model(images), labels)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()

@@ -114,6 +114,7 @@ def fold_linear(first: nn.Linear, then: nn.Linear) -> Projection:
         return weight, then.bias
     return weight, F.linear(first.bias, then.weight, then.bias)
 
+
 _LEGACY_NAMES = {
     "centers": "centers",
     "spread": "spread",
@@ -458,15 +459,16 @@ class MultiHeadSelfAttention2d(nn.Module):
         """The output projection's ``(weight, bias)`` for ``tokens`` pixels in all, with ``then``
         folded in where that is cheaper (``fold_linear``), and the map still to apply after it
         (``then`` when it was not folded, else ``None``)."""
+        own = (self.out.weight, self.out.bias)
         if then is None:
-            return (self.out.weight, self.out.bias), None
+            return own, None
         if not isinstance(then, nn.Linear) or then.in_features != self.out_dim:
             raise TypeError(
                 f"then must be an nn.Linear taking the layer's {self.out_dim} output channels, "
                 f"got {then!r}"
             )
         if not fold_pays(self.out, then, tokens):
-            return (self.out.weight, self.out.bias), then
+            return own, then
         return fold_linear(self.out, then), None
 
     def _project_out(self, y: Tensor, projection: Projection) -> Tensor:
