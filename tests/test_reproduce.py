@@ -326,6 +326,57 @@ def test_the_experiment_trains_each_model_once_per_seed_into_its_own_folder(tmp_
     assert trained == []
 
 
+def test_analyse_only_tables_the_finished_runs_each_model_has_and_trains_nothing(
+    tmp_path, monkeypatch, capsys
+):
+    trained, analysed, compared = [], [], []
+    monkeypatch.setattr(reproduce, "train_run", lambda *args: trained.append(args))
+    monkeypatch.setattr(
+        reproduce,
+        "analyse_run",
+        lambda folder, figures, _: analysed.append(folder)
+        or {"preset": folder.parent.name, "seed": int(folder.name[5:]), "head_distances": None},
+    )
+    monkeypatch.setattr(reproduce, "write_results", lambda rows, out, *_: [out / "results.md"])
+    monkeypatch.setattr(
+        reproduce, "write_distance_comparison", lambda rows, _: compared.extend(rows) or []
+    )
+    (tmp_path / "results.md").write_text("table")
+    quadratic, learned = tmp_path / "quadratic-fashion", tmp_path / "learned-fashion"
+    for seed in (3, 0, 10):  # finished runs, found in increasing order (10 after 3)
+        (quadratic / f"seed-{seed}").mkdir(parents=True)
+        (quadratic / f"seed-{seed}" / "summary.json").write_text("{}")
+    (quadratic / "seed-1" / "checkpoints").mkdir(parents=True)  # interrupted
+    (quadratic / "seed-1" / "checkpoints" / "last.pt").write_bytes(b"")
+    (quadratic / "seed-x").mkdir()  # not a seed folder
+    (learned / "seed-1").mkdir(parents=True)
+    (learned / "seed-1" / "summary.json").write_text("{}")
+    presets = ["quadratic-fashion", "learned-fashion", "vit-fashion"]
+
+    reproduce.run_experiment("fashion-mnist", tmp_path, presets, analyse_only=True)
+    assert trained == []
+    seeds = ("seed-0", "seed-3", "seed-10")
+    assert analysed == [*(quadratic / seed for seed in seeds), learned / "seed-1"]
+    # the distance figure shows each model's first run, whatever its seed
+    assert [(r["preset"], r["seed"]) for r in compared] == [
+        ("quadratic-fashion", 0),
+        ("learned-fashion", 1),
+    ]
+    err = capsys.readouterr().err
+    assert f"quadratic-fashion: an unfinished run in {quadratic / 'seed-1'}, left out" in err
+    assert "vit-fashion: no run in" not in err  # no seed asked, none found: nothing to name
+
+    analysed.clear()
+    reproduce.run_experiment("fashion-mnist", tmp_path, presets, seeds=[3, 1], analyse_only=True)
+    assert analysed == [quadratic / "seed-3", learned / "seed-1"]
+    err = capsys.readouterr().err
+    assert f"learned-fashion: no run in {learned / 'seed-3'}, left out" in err
+    assert f"vit-fashion: no run in {tmp_path / 'vit-fashion' / 'seed-1'}, left out" in err
+    with pytest.raises(ValueError, match=f"no finished runs of vit-fashion in {tmp_path} "):
+        reproduce.run_experiment("fashion-mnist", tmp_path, ["vit-fashion"], analyse_only=True)
+    assert trained == []
+
+
 def test_shipped_weights_record_the_command_that_trained_them(tmp_path, quick_run):
     data = load_splits("digits")
     summary = json.loads((quick_run / "summary.json").read_text())
@@ -379,4 +430,11 @@ def test_the_command_line_passes_seeds_recipe_and_precision(monkeypatch, tmp_pat
     (args, first), (_, second) = calls
     assert args == ("fashion-mnist", out)
     assert (first["seeds"], first["recipe"], first["precision"]) == ([0, 1], "shipped", None)
-    assert (second["seeds"], second["recipe"], second["precision"]) == ([0], "presets", "bf16")
+    assert (second["seeds"], second["recipe"], second["precision"]) == (None, "presets", "bf16")
+    assert not first["analyse_only"]
+    assert main(["reproduce", "fashion-mnist", "--out", out, "--analyse-only"]) == 0
+    assert calls[-1][1]["analyse_only"] and calls[-1][1]["recipe"] == "shipped"
+    calls.clear()
+    refused = ["reproduce", "fashion-mnist", "--out", out, "--analyse-only", "--precision", "bf16"]
+    assert main(refused) != 0
+    assert calls == []

@@ -22,7 +22,9 @@ settings and re-plans alike: ``learned-content-fashion`` shipped from an 18-epoc
 after epoch 1 and resumed to 22 epochs, and is trained so again), or with its preset as it stands
 (``recipe="presets"``: the paper code's start, the epochs of the presets' budget). ``--export-weights`` then writes the best checkpoint of
 each model's first-seed run into the package's shipped weights (``attnconv.models.pretrained``),
-with its test accuracy measured again in float32.
+with its test accuracy measured again in float32. ``--analyse-only`` trains nothing and makes the
+table of the finished runs in DIR, whatever seeds each model has (runs finished elsewhere, e.g.
+resumed by hand on another machine, linked or copied in).
 """
 
 from __future__ import annotations
@@ -487,6 +489,30 @@ def export_test_samples(data: DataSplits, folder: Path) -> Path:
     )
 
 
+def finished_seeds(out: Path, preset: str, seeds: Sequence[int] | None) -> list[int]:
+    """The seeds of ``preset``'s finished runs in ``out`` (``out/PRESET/seed-S`` with a
+    ``summary.json``): of ``seeds`` in their order, or of every seed folder there, in increasing
+    order, when ``seeds`` is None. Each requested or found run that is not finished is named on
+    standard error."""
+    folder = out / preset
+    if seeds is None:
+        found = [] if not folder.is_dir() else folder.glob("seed-*")
+        seeds = sorted(
+            int(path.name.removeprefix("seed-"))
+            for path in found
+            if path.name.removeprefix("seed-").isdecimal()
+        )
+    finished = []
+    for seed in seeds:
+        state = run_state(run_folder(out, preset, seed))
+        if state == "finished":
+            finished.append(seed)
+        else:
+            what = "no run" if state == "new" else "an unfinished run"
+            print(f"{preset}: {what} in {run_folder(out, preset, seed)}, left out", file=sys.stderr)
+    return finished
+
+
 def run_experiment(
     experiment: str,
     out: str | Path,
@@ -494,41 +520,52 @@ def run_experiment(
     precision: str | None = None,
     data_dir: str | None = None,
     export_weights: str | Path | None = None,
-    seeds: Sequence[int] = (0,),
+    seeds: Sequence[int] | None = None,
     recipe: str = "shipped",
+    analyse_only: bool = False,
 ) -> list[Path]:
     """Train (or resume, or skip) every selected model of ``experiment`` once per seed into
     ``out``, analyse the runs and write the results table; returns the files of the table and of
     the distance comparison figure.
 
-    ``recipe``: ``"shipped"`` trains new runs as the shipped weights were trained,
-    ``"presets"`` the presets as they stand (module docstring); ``precision`` (``None``: the
-    recipe's) applies to new runs. ``export_weights``: a folder to ship the best checkpoint of
-    each model's first-seed run into (``""``: the package's own weights folder); ``None`` ships
-    nothing.
+    ``seeds``: the runs of each model (``None``: seed 0). ``recipe``: ``"shipped"`` trains new
+    runs as the shipped weights were trained, ``"presets"`` the presets as they stand (module
+    docstring); ``precision`` (``None``: the recipe's) applies to new runs. ``analyse_only``
+    trains nothing: the table is made of the finished runs in ``out``, of ``seeds`` or (``None``)
+    of every seed folder of each model, so models may have different seeds; the runs left out
+    are named. ``export_weights``: a folder to ship the best checkpoint of each model's first
+    run into (``""``: the package's own weights folder); ``None`` ships nothing.
     """
     presets = selected_presets(experiment, presets)
-    seeds = list(dict.fromkeys(seeds))  # each seed once, in the order given
-    if not seeds:
-        raise UserError("reproduce needs at least one seed")
+    if seeds is not None:
+        seeds = list(dict.fromkeys(seeds))  # each seed once, in the order given
+        if not seeds:
+            raise UserError("reproduce needs at least one seed")
     out = Path(out)
     for preset in presets:
         _refuse_unseeded_run(out / preset)
-    runs = [(preset, seed) for preset in presets for seed in seeds]
-    # every run's config is resolved, so checked, before the first one trains for hours
-    configs = [
-        run_plan(experiment, preset, recipe, seed, precision, data_dir) for preset, seed in runs
-    ]
-    out.mkdir(parents=True, exist_ok=True)
-    for (preset, seed), (config, plans) in zip(runs, configs, strict=True):
-        train_run(run_folder(out, preset, seed), config, plans)
+    if analyse_only:
+        runs = [(preset, seed) for preset in presets for seed in finished_seeds(out, preset, seeds)]
+        if not runs:
+            raise UserError(f"no finished runs of {', '.join(presets)} in {out} to analyse")
+    else:
+        runs = [(preset, seed) for preset in presets for seed in seeds or [0]]
+        # every run's config is resolved, so checked, before the first one trains for hours
+        configs = [run_plan(experiment, p, recipe, s, precision, data_dir) for p, s in runs]
+        out.mkdir(parents=True, exist_ok=True)
+        for (preset, seed), (config, plans) in zip(runs, configs, strict=True):
+            train_run(run_folder(out, preset, seed), config, plans)
     rows = [
         analyse_run(run_folder(out, preset, seed), figures_folder(out, preset, seed), data_dir)
         for preset, seed in runs
     ]
     files = write_results(rows, out, REFERENCES.get(experiment, ()))
-    first_seed = [row for row in rows if row["seed"] == seeds[0]]
-    files += write_distance_comparison(first_seed, out / "figures")
+    first_runs: dict[str, int] = {}  # each model's first run's seed
+    for preset, seed in runs:
+        first_runs.setdefault(preset, seed)
+    files += write_distance_comparison(
+        [row for row in rows if first_runs[row["preset"]] == row["seed"]], out / "figures"
+    )
     print((out / "results.md").read_text())
     if export_weights is not None:
         from attnconv.data import load_splits
@@ -536,9 +573,9 @@ def run_experiment(
 
         folder = Path(export_weights) if export_weights else WEIGHTS_DIR
         data = load_splits(experiment, data_dir)  # once for every model
-        for preset in presets:
-            accuracy = export_run(run_folder(out, preset, seeds[0]), data, folder)
-            print(f"{preset}: shipped (seed {seeds[0]}), float32 test accuracy {accuracy:.4f}")
+        for preset, seed in first_runs.items():
+            accuracy = export_run(run_folder(out, preset, seed), data, folder)
+            print(f"{preset}: shipped (seed {seed}), float32 test accuracy {accuracy:.4f}")
         export_test_samples(data, folder)
     print(f"wrote {', '.join(str(f) for f in files)} and {out / 'figures'}", file=sys.stderr)
     return files

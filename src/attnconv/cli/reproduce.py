@@ -27,15 +27,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--seeds",
         nargs="+",
         type=int,
-        default=[0],
         metavar="SEED",
         help="train every model once per seed (default: 0); the table gives mean ± standard "
         "deviation over them",
     )
     parser.add_argument(
+        "--analyse-only",
+        action="store_true",
+        help="train nothing: the table of the finished runs in --out, of --seeds or (without "
+        "them) of every seed folder each model has; unfinished and missing runs are named and "
+        "left out",
+    )
+    parser.add_argument(
         "--recipe",
         choices=RECIPES,
-        default="shipped",
         help="how new runs train: as the shipped weights were trained (default), or the presets "
         "as they stand (the paper code's start)",
     )
@@ -55,7 +60,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from attnconv.errors import UserError
     from attnconv.reproduce import run_experiment
+
+    if args.analyse_only:
+        given = [f"--{name}" for name in ("recipe", "precision") if getattr(args, name)]
+        if given:
+            raise UserError(
+                f"--analyse-only trains nothing, so {' and '.join(given)} (which set how new "
+                "runs train) would do nothing; leave them out"
+            )
 
     run_experiment(
         args.experiment,
@@ -65,6 +79,7 @@ def run(args: argparse.Namespace) -> int:
         data_dir=args.data_dir,
         export_weights=args.export_weights,
         seeds=args.seeds,
-        recipe=args.recipe,
+        recipe=args.recipe or "shipped",
+        analyse_only=args.analyse_only,
     )
     return 0
