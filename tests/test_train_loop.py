@@ -194,6 +194,7 @@ def test_run_folder_contents_and_recipe(finished_run: Path) -> None:
         "model.depth=1 model.heads=2 model.head_dim=8 model.mlp_dim=32"
     )
     assert summary["machine"] == machine_description("cpu") and summary["replans"] == []
+    assert [r["machine"] for r in records] == [machine_description("cpu")] * 2
 
     checkpoint = load_checkpoint(finished_run / "checkpoints" / "last.pt")
     assert checkpoint["epoch"] == 2 and checkpoint["step"] == 40
@@ -662,7 +663,22 @@ def test_epoch_stepping_keeps_the_weights_still_through_epoch_0(tmp_path) -> Non
     assert [r["lr"] for r in records] == pytest.approx([0.0, 0.1 * 20 / 24, 0.1 * cosine])
 
 
-def test_train_in_plans_repeats_a_run_stopped_and_resumed_to_a_new_length(tmp_path) -> None:
+def test_a_run_moved_between_machines_names_each_with_its_epochs() -> None:
+    here = {"epoch": 1, "machine": "CPU A"}
+    assert loop.machines_of([here, {**here, "epoch": 2}]) == "CPU A"
+    moved = [here, {"epoch": 2, "machine": "GPU B"}, {"epoch": 3, "machine": "GPU B"}]
+    assert loop.machines_of(moved) == "epoch 1: CPU A; epochs 2–3: GPU B"
+    # back and forth, and epochs of an attnconv that kept no machine per epoch
+    older = [{"epoch": 1}, {"epoch": 2}, {"epoch": 3, "machine": "CPU A"}, {"epoch": 4}]
+    assert loop.machines_of(older) == (
+        "epochs 1–2: not recorded; epoch 3: CPU A; epoch 4: not recorded"
+    )
+    assert loop.machines_of([]) == "not recorded"
+
+
+def test_train_in_plans_repeats_a_run_stopped_and_resumed_to_a_new_length(
+    tmp_path, monkeypatch
+) -> None:
     """A run of 2 planned epochs stopped after epoch 1 and resumed to 3 epochs: train_in_plans
     does it in one call, ends with the weights of doing it by hand and records the same command;
     a straight 3-epoch run ends elsewhere (its first epoch had another schedule)."""
@@ -674,7 +690,12 @@ def test_train_in_plans_repeats_a_run_stopped_and_resumed_to_a_new_length(tmp_pa
     )
     assert train(config, tmp_path / "by-hand", stop_after=1) == {}
     assert not (tmp_path / "by-hand" / "summary.json").exists()
-    train(None, tmp_path / "by-hand", resume=True, epochs=3)
+    here = machine_description("cpu")
+    with monkeypatch.context() as patch:  # resumed on another machine: the summary names both
+        patch.setattr(loop, "machine_description", lambda device: "another machine")
+        moved = train(None, tmp_path / "by-hand", resume=True, epochs=3)
+    assert moved["machine"] == f"epoch 1: {here}; epochs 2–3: another machine"
+    assert summary["machine"] == here
     assert_same_weights(weights(tmp_path / "planned"), weights(tmp_path / "by-hand"))
     train(resolve_config("quick", overrides=["epochs=3", *TINY, *QUIET]), tmp_path / "straight")
     straight = weights(tmp_path / "straight")

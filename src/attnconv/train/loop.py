@@ -387,6 +387,27 @@ def _saved_position(path: Path) -> tuple[int, int] | None:
         return None
 
 
+
+def machines_of(records: list[dict[str, Any]]) -> str:
+    """The machine a run trained on, from its epoch records (``machine``, as
+    ``attnconv.hardware.machine_description`` names it): that line where every epoch ran on one,
+    else each machine with its epochs in order, ``"epochs 1–13: M1; epochs 14–22: M2"`` (a run
+    moved between machines by ``--resume``). Epochs recorded before attnconv kept the machine
+    per epoch count as ``not recorded``."""
+    spans: list[list[Any]] = []  # [machine, first epoch, last epoch]
+    for record in records:
+        machine = record.get("machine") or "not recorded"
+        if spans and spans[-1][0] == machine:
+            spans[-1][2] = record["epoch"]
+        else:
+            spans.append([machine, record["epoch"], record["epoch"]])
+    if len({machine for machine, _, _ in spans}) <= 1:
+        return spans[0][0] if spans else "not recorded"
+    return "; ".join(
+        f"{f'epoch {first}' if first == last else f'epochs {first}–{last}'}: {machine}"
+        for machine, first, last in spans
+    )
+
 class Trainer:
     """One training job; see the module docstring. ``fit()`` runs it."""
 
@@ -943,6 +964,7 @@ class Trainer:
                     **record,
                     "val_loss": val_loss,
                     "val_acc": val_acc,
+                    "machine": machine_description(self.device),
                 }
                 record = {
                     k: record[k]
@@ -956,6 +978,7 @@ class Trainer:
                         "val_acc",
                         "epoch_time_s",
                         "images_per_s",
+                        "machine",
                     )
                 }
                 self.metrics.append(record)
@@ -1036,7 +1059,7 @@ class Trainer:
                 / train_time,
                 "best_checkpoint": str(best_path),
                 "replans": self.replans,
-                "machine": machine_description(self.device),
+                "machine": machines_of(self.metrics),
                 "command": training_command(self.config, self.replans),
             }
             with self._writing(self.run.summary):
