@@ -502,6 +502,8 @@ def finished_seeds(out: Path, preset: str, seeds: Sequence[int] | None) -> list[
             for path in found
             if path.name.removeprefix("seed-").isdecimal()
         )
+        if not seeds:
+            print(f"{preset}: no runs in {folder}, left out", file=sys.stderr)
     finished = []
     for seed in seeds:
         state = run_state(run_folder(out, preset, seed))
