@@ -387,7 +387,6 @@ def _saved_position(path: Path) -> tuple[int, int] | None:
         return None
 
 
-
 def machines_of(records: list[dict[str, Any]]) -> str:
     """The machine a run trained on, from its epoch records (``machine``, as
     ``attnconv.hardware.machine_description`` names it): that line where every epoch ran on one,
@@ -407,6 +406,7 @@ def machines_of(records: list[dict[str, Any]]) -> str:
         f"{f'epoch {first}' if first == last else f'epochs {first}–{last}'}: {machine}"
         for machine, first, last in spans
     )
+
 
 class Trainer:
     """One training job; see the module docstring. ``fit()`` runs it."""
