@@ -206,15 +206,13 @@ def test_heads_of_a_run_folder_are_those_of_its_best_checkpoint(tmp_path, capsys
 
 
 def test_heads_of_a_shipped_model_are_its_weights(capsys):
-    from safetensors.torch import load_file
-
-    from attnconv.models.pretrained import WEIGHTS_DIR
+    from attnconv.models.pretrained import pretrained_checkpoint
 
     assert cli.main(["heads", "--pretrained", "quadratic-fashion"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("quadratic-fashion (shipped weights)")
     rows = [line.split() for line in out.splitlines() if line[:5].strip().isdigit()]
-    weights = load_file(WEIGHTS_DIR / "quadratic-fashion.safetensors")
+    weights = pretrained_checkpoint("quadratic-fashion")["model"]  # the shipped file's tensors
     assert len(rows) == 4 * 9
     for layer, head, row, col, spread, condition, degenerate in rows:
         centers = weights[f"blocks.{layer}.attention.position.centers"][int(head)]

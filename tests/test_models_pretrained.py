@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
 import inspect
 import json
+import lzma
 
 import pytest
 import torch
@@ -18,8 +20,10 @@ from attnconv.models.pretrained import (
     export_pretrained,
     export_samples,
     load_pretrained,
+    pack_weights,
     pretrained_models,
     sample_images,
+    unpack_weights,
 )
 
 
@@ -60,12 +64,80 @@ def test_round_trip_is_exact_and_in_eval_mode(tmp_path):
     # Every constructor argument is listed, the defaults the preset does not set included.
     assert list(info.arguments) == list(inspect.signature(ImageTransformer).parameters)
     assert info.arguments["content"] is False and info.arguments["head_dim"] == 16
-    # The file is plain safetensors: tensors only, readable without attnconv.
-    from safetensors.torch import load_file
+    # The file is safetensors (tensors only) packed: each tensor's bytes regrouped, then xz.
+    from safetensors.torch import load, save
 
-    raw = load_file(str(tmp_path / info.file))
+    assert info.file == "tiny.safetensors.shuf.xz"
+    packed = (tmp_path / info.file).read_bytes()
+    state = {k: v.contiguous() for k, v in model.state_dict().items()}
+    assert unpack_weights(packed) == save(state)  # the safetensors bytes, exactly
+    raw = load(unpack_weights(packed))
     centers = model.blocks[0].attention.position.centers
     assert torch.equal(raw["blocks.0.attention.position.centers"], centers)
+
+
+def test_packing_regroups_each_tensors_bytes_by_place_and_restores_them_exactly():
+    from safetensors.torch import load, save
+
+    state = {
+        "w": torch.tensor([[1.0, -2.5], [3.0, 0.125]]),  # float32: 4 bytes an element
+        "b": torch.tensor([1.5, -1.0], dtype=torch.bfloat16),
+        "n": torch.tensor([7, 300], dtype=torch.int64),
+        "m": torch.tensor([1, 2, 3], dtype=torch.uint8),
+        "e": torch.empty(0, 3),
+    }
+    plain = save(state, metadata={"note": "x"})
+    regrouped = lzma.decompress(pack_weights(plain))
+    start = 8 + int.from_bytes(plain[:8], "little")
+    assert regrouped[:start] == plain[:start]  # the header is kept as it is
+    header = json.loads(plain[8:start])
+
+    def tensor_bytes(data, name):
+        first, last = header[name]["data_offsets"]
+        return data[start + first : start + last]
+
+    w = tensor_bytes(plain, "w")
+    assert tensor_bytes(regrouped, "w") == bytes(w[i + 4 * j] for i in range(4) for j in range(4))
+    b = tensor_bytes(plain, "b")
+    assert tensor_bytes(regrouped, "b") == bytes([b[0], b[2], b[1], b[3]])
+    assert tensor_bytes(regrouped, "m") == tensor_bytes(plain, "m") == bytes([1, 2, 3])
+    assert unpack_weights(pack_weights(plain)) == plain
+    restored = load(unpack_weights(pack_weights(plain)))
+    assert all(torch.equal(restored[k], v) for k, v in state.items())
+    # trained-like weights (smooth exponents) shrink more than with xz alone
+    smooth = save({"w": torch.randn(256, 256) * 0.05})
+    assert len(pack_weights(smooth)) < 0.95 * len(lzma.compress(smooth, preset=9))
+
+
+def test_a_plain_safetensors_entry_of_before_loads_and_a_new_export_replaces_it(tmp_path):
+    from safetensors.torch import save
+
+    model = export_quick(tmp_path)
+    index = json.loads((tmp_path / INDEX_NAME).read_text())
+    plain = save({k: v.contiguous() for k, v in model.state_dict().items()})
+    (tmp_path / "tiny.safetensors").write_bytes(plain)
+    (tmp_path / "tiny.safetensors.shuf.xz").unlink()
+    index[0].update(file="tiny.safetensors", sha256=hashlib.sha256(plain).hexdigest())
+    (tmp_path / INDEX_NAME).write_text(json.dumps(index))
+    loaded = load_pretrained("tiny", tmp_path)
+    assert all(torch.equal(loaded.state_dict()[k], v) for k, v in model.state_dict().items())
+    export_quick(tmp_path)  # exported again: packed, and the plain file is gone
+    assert sorted(path.name for path in tmp_path.iterdir()) == [
+        INDEX_NAME,
+        "tiny.safetensors.shuf.xz",
+    ]
+
+
+def test_a_packed_file_that_is_not_one_is_refused_in_one_line(tmp_path):
+    export_quick(tmp_path)
+    index = json.loads((tmp_path / INDEX_NAME).read_text())
+    path = tmp_path / index[0]["file"]
+    for broken in (b"not xz at all", lzma.compress(b"\x05" + bytes(7) + b"[1]")):
+        path.write_bytes(broken)
+        index[0]["sha256"] = hashlib.sha256(broken).hexdigest()  # an index made wrongly
+        (tmp_path / INDEX_NAME).write_text(json.dumps(index))
+        with pytest.raises(PretrainedError, match=r"tiny.safetensors.shuf.xz cannot be read \("):
+            load_pretrained("tiny", tmp_path)
 
 
 def test_second_export_keeps_the_first_entry(tmp_path):
@@ -78,11 +150,11 @@ def test_second_export_keeps_the_first_entry(tmp_path):
 
 def test_a_changed_byte_is_refused(tmp_path):
     export_quick(tmp_path)
-    path = tmp_path / "tiny.safetensors"
+    path = tmp_path / "tiny.safetensors.shuf.xz"
     data = bytearray(path.read_bytes())
     data[-1] ^= 0x01
     path.write_bytes(bytes(data))
-    with pytest.raises(PretrainedError, match=r"tiny.safetensors .*corrupted \(SHA-256"):
+    with pytest.raises(PretrainedError, match=r"tiny.safetensors.shuf.xz .*corrupted \(SHA-256"):
         load_pretrained("tiny", tmp_path)
 
 
@@ -90,9 +162,9 @@ def test_missing_file_and_unknown_name(tmp_path):
     export_quick(tmp_path)
     with pytest.raises(PretrainedError, match="no pretrained weights for 'other'; shipped: tiny"):
         load_pretrained("other", tmp_path)
-    (tmp_path / "tiny.safetensors").unlink()
+    (tmp_path / "tiny.safetensors.shuf.xz").unlink()
     with pytest.raises(
-        PretrainedError, match=r"tiny.safetensors of pretrained model 'tiny' is missing"
+        PretrainedError, match=r"tiny.safetensors.shuf.xz of pretrained model 'tiny' is missing"
     ):
         load_pretrained("tiny", tmp_path)
 
@@ -102,7 +174,7 @@ def test_weights_that_do_not_fit_the_arguments(tmp_path):
     index = json.loads((tmp_path / INDEX_NAME).read_text())
     index[0]["arguments"]["depth"] = 3
     (tmp_path / INDEX_NAME).write_text(json.dumps(index))
-    fit = r"^pretrained model 'tiny' \(.*tiny.safetensors\): its weights do not fit .*missing: blocks.2"
+    fit = r"^pretrained model 'tiny' \(.*tiny.safetensors.shuf.xz\): its weights do not fit .*missing: blocks.2"
     with pytest.raises(PretrainedError, match=fit):
         load_pretrained("tiny", tmp_path)
     (tmp_path / INDEX_NAME).write_text("[{")
