@@ -413,7 +413,9 @@ def test_models_command_prints_every_preset(capsys):
         "resnet-fashion-small",
         "tcnn-fashion-small",
         "vit-fashion",
+        "quadratic-anywhere",
         "learned-anywhere",
+        "learned-content-anywhere",
     ]
 
 
@@ -448,7 +450,8 @@ def models_rows(capsys, *argv) -> dict[str, str]:
 
 def test_models_filters_by_pattern_and_shipped_weights(capsys):
     assert models_rows(capsys, "*content*") == {
-        "learned-content": "-", "learned-content-fashion": "shipped", "learned-content-anywhere": "-"
+        "learned-content": "-", "learned-content-fashion": "shipped",
+        "learned-content-anywhere": "shipped",
     }
     assert list(models_rows(capsys, "quadratic*")) == [
         "quadratic", "quadratic-generalized", "quadratic-generalized-pruned", "quadratic-fashion",

@@ -268,6 +268,8 @@ def test_the_fashion_mnist_experiments_are_shipped_within_10_mb():
         "resnet-fashion-small",
         "tcnn-fashion-small",
         "learned-anywhere",
+        "quadratic-anywhere",
+        "learned-content-anywhere",
     ]
     folder = WEIGHTS_DIR
     total = sum(path.stat().st_size for path in folder.iterdir())

@@ -102,13 +102,15 @@ def test_run_plans_follow_the_recipe_seed_and_precision():
     assert (content.epochs, content.precision, plans) == (18, "bf16", [(18, 1), (22, 22)])
     with pytest.raises(ValueError, match="unknown recipe 'paper'; valid recipes: shipped, presets"):
         reproduce.run_plan("fashion-mnist", "learned-fashion", "paper", 0)
-    # on fashion-mnist-anywhere only learned-anywhere ships weights: the others train as they stand
+    # on fashion-mnist-anywhere the models without shipped weights train as they stand
     anywhere, plans = reproduce.run_plan("fashion-mnist-anywhere", "learned-anywhere", "presets", 0)
     assert (anywhere.dataset, anywhere.precision, plans) == ("fashion-mnist-anywhere", "auto", [(18, 18)])
     shipped, plans = reproduce.run_plan("fashion-mnist-anywhere", "learned-anywhere", "shipped", 1)
     assert (shipped.epochs, shipped.precision, shipped.seed, plans) == (22, "fp32", 1, [(22, 22)])
+    shipped, plans = reproduce.run_plan("fashion-mnist-anywhere", "quadratic-anywhere", "shipped", 0)
+    assert (shipped.epochs, shipped.precision, plans) == (26, "fp32", [(26, 26)])
     with pytest.raises(ValueError, match=r"no shipped recipe.*; train it with --recipe presets"):
-        reproduce.run_plan("fashion-mnist-anywhere", "quadratic-anywhere", "shipped", 0)
+        reproduce.run_plan("fashion-mnist-anywhere", "vit-anywhere", "shipped", 0)
 
 
 def test_the_shipped_recipes_are_the_runs_of_the_shipped_weights():
@@ -117,13 +119,15 @@ def test_the_shipped_recipes_are_the_runs_of_the_shipped_weights():
     a recipe that dropped ``learned-content-fashion``'s resume would write another command), and
     build the constructor arguments the weights were built from."""
     shipped = {  # but the fine-tuned ones (docs/transform.md), which start from a shipped model
-        n: e for n, e in pretrained_models().items()
-        if e.dataset == "fashion-mnist" and not PRESETS[n].requires_init
+        n: e for n, e in pretrained_models().items() if not PRESETS[n].requires_init
     }  # fmt: skip
-    assert set(shipped) == set(reproduce.EXPERIMENTS["fashion-mnist"])
+    experiment_of = {p: e for e, presets in reproduce.EXPERIMENTS.items() for p in presets}
+    assert set(shipped) >= set(reproduce.EXPERIMENTS["fashion-mnist"])
+    assert {"learned-anywhere", "quadratic-anywhere", "learned-content-anywhere"} <= set(shipped)
     data_keys = ("num_classes", "in_channels", "image_size", "mean", "std")
     for preset, entry in shipped.items():
-        first, plans = reproduce.run_plan("fashion-mnist", preset, "shipped", 0)
+        assert entry.dataset == experiment_of[preset], preset
+        first, plans = reproduce.run_plan(entry.dataset, preset, "shipped", 0)
         final = first
         for (_, stop), (length, _) in itertools.pairwise(plans):
             final = extended_config(final, length, trained=stop)

@@ -54,8 +54,8 @@ EXPERIMENTS: dict[str, tuple[str, ...]] = {
         "resnet-fashion",
         "vit-fashion",
     ),
-    # the same models where the garments move (attnconv.data.anywhere); no weights ship yet, so
-    # its runs take --recipe presets
+    # the same models where the garments move (attnconv.data.anywhere); vit-anywhere and
+    # resnet-anywhere-small ship no weights, so they take --recipe presets
     "fashion-mnist-anywhere": (
         "quadratic-anywhere",
         "learned-anywhere",
