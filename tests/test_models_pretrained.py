@@ -109,6 +109,24 @@ def test_packing_regroups_each_tensors_bytes_by_place_and_restores_them_exactly(
     assert len(pack_weights(smooth)) < 0.95 * len(lzma.compress(smooth, preset=9))
 
 
+def test_the_documented_way_to_unpack_by_hand_gives_the_safetensors_bytes(tmp_path):
+    """The recipe in ``attnconv.models.pretrained``'s docstring (lzma and numpy, no attnconv)."""
+    import textwrap
+
+    from attnconv.models import pretrained
+
+    model = export_quick(tmp_path)
+    path = tmp_path / pretrained_models(tmp_path)["tiny"].file
+    recipe = pretrained.__doc__.split("by hand::\n")[1].split("\n\n")[0]
+    scope = {"path": path}
+    exec(textwrap.dedent(recipe), scope)  # the documentation's own code
+    from safetensors.torch import load, save
+
+    assert bytes(scope["data"]) == save({k: v.contiguous() for k, v in model.state_dict().items()})
+    weight = model.state_dict()["classifier.weight"]
+    assert torch.equal(load(bytes(scope["data"]))["classifier.weight"], weight)
+
+
 def test_a_plain_safetensors_entry_of_before_loads_and_a_new_export_replaces_it(tmp_path):
     from safetensors.torch import save
 
