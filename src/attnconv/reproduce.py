@@ -506,12 +506,13 @@ def finished_seeds(out: Path, preset: str, seeds: Sequence[int] | None) -> list[
             print(f"{preset}: no runs in {folder}, left out", file=sys.stderr)
     finished = []
     for seed in seeds:
-        state = run_state(run_folder(out, preset, seed))
+        run = run_folder(out, preset, seed)
+        state = run_state(run)
         if state == "finished":
             finished.append(seed)
         else:
             what = "no run" if state == "new" else "an unfinished run"
-            print(f"{preset}: {what} in {run_folder(out, preset, seed)}, left out", file=sys.stderr)
+            print(f"{preset}: {what} in {run}, left out", file=sys.stderr)
     return finished
 
 

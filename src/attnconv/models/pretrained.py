@@ -6,8 +6,8 @@ current presets. A weight file is a safetensors file (tensors only: it cannot ru
 read) packed to fit the package's 10 MB of weights (``pack_weights``): each tensor's bytes regrouped
 by their place in an element (all first bytes of its float32 values, then all second bytes, ...: the
 shuffle filter of HDF5 and Blosc, which puts the slowly varying sign-and-exponent bytes side by
-side), then compressed with xz. Trained float32 weights shrink to 0.84 of their size this way (xz
-alone: 0.92). ``unpack_weights`` gives the safetensors bytes back, exactly; by hand::
+side), then compressed with xz. Trained float32 weights shrink to 0.84–0.86 of their size this
+way (xz alone: 0.92). ``unpack_weights`` gives the safetensors bytes back, exactly; by hand::
 
     import lzma, json, numpy as np
     data = bytearray(lzma.decompress(open(path, "rb").read()))
@@ -271,7 +271,8 @@ def export_pretrained(
     folder.mkdir(parents=True, exist_ok=True)
     file = f"{name}{PACKED_SUFFIX}"
     state = {key: value.detach().cpu().contiguous() for key, value in model.state_dict().items()}
-    replaced = pretrained_models(folder).get(name)
+    entries = pretrained_models(folder)
+    replaced = entries.get(name)
     write_atomic(folder / file, pack_weights(save(state)))
     info = PretrainedInfo(
         name=name,
@@ -284,7 +285,7 @@ def export_pretrained(
         test_accuracy=float(test_accuracy),
         run=json.loads(json.dumps(dict(run))),
     )
-    entries = {**pretrained_models(folder), name: info}
+    entries = {**entries, name: info}
     text = json.dumps([asdict(entry) for entry in entries.values()], indent=2) + "\n"
     write_atomic(folder / INDEX_NAME, text.encode())
     if replaced is not None and replaced.file != file:  # e.g. a plain .safetensors of before
