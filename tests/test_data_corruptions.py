@@ -1,5 +1,6 @@
-"""The corrupted Fashion-MNIST test set: the recorded bytes, and each corruption doing what it says
-(on the real test set where Debian's dataset-fashion-mnist is installed, on small arrays else)."""
+"""The corrupted test sets (Fashion-MNIST's and fashion-mnist-anywhere's): the recorded bytes, and
+each corruption doing what it says (on the real test sets where Debian's dataset-fashion-mnist is
+installed, on small arrays else)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,11 @@ import pytest
 
 from attnconv.data.corruptions import (
     BLUR_KERNEL,
+    CHOICES,
     CORRUPTION_SHA256,
     CORRUPTIONS,
     DIRECTIONS,
+    IN_FRAME_SHIFT_PIXELS,
     NOISE_STD,
     OCCLUSION_SIZE,
     SHIFT_PIXELS,
@@ -25,7 +28,10 @@ from attnconv.data.corruptions import (
     corrupt,
     corrupted_test_set,
     corruption_draws,
+    in_frame_offsets,
+    ink_kept,
 )
+from attnconv.data.datasets import load_splits
 from attnconv.data.fashion_mnist import load_fashion_mnist
 from attnconv.errors import UserError
 
@@ -35,6 +41,13 @@ def clean():
     """The Fashion-MNIST test images uint8 (10000, 28, 28) and labels (10000,), Debian's copy."""
     _, test, _ = load_fashion_mnist("/nonexistent", download=False)
     return test.images[:, 0].numpy(), test.labels.numpy()
+
+
+@pytest.fixture(scope="module")
+def placed():
+    """fashion-mnist-anywhere's test images uint8 (10000, 32, 32), placed on their canvases."""
+    test = load_splits("fashion-mnist-anywhere", "/nonexistent", download=False).test
+    return test.images[:, 0].numpy()
 
 
 def synthetic(n: int = 6, size: int = 28) -> np.ndarray:
@@ -77,12 +90,13 @@ def gaussian_blur_float64(images: np.ndarray) -> np.ndarray:
 
 
 @pytest.mark.needs_fashion_mnist
-def test_each_corruption_has_the_recorded_bytes(clean):
-    images, _ = clean
-    assert list(CORRUPTION_SHA256) == list(CORRUPTIONS)
-    hashes = {name: array_sha256(corrupt(images, name)) for name in CORRUPTIONS}
-    assert hashes == CORRUPTION_SHA256
-    assert len(set(hashes.values())) == len(CORRUPTIONS)  # every corruption changes the images
+def test_each_corruption_has_the_recorded_bytes(clean, placed):
+    assert list(CORRUPTION_SHA256) == ["fashion-mnist", "fashion-mnist-anywhere"]
+    for dataset, images in (("fashion-mnist", clean[0]), ("fashion-mnist-anywhere", placed)):
+        assert list(CORRUPTION_SHA256[dataset]) == list(CORRUPTIONS)
+        hashes = {name: array_sha256(corrupt(images, name)) for name in CORRUPTIONS}
+        assert hashes == CORRUPTION_SHA256[dataset]
+        assert len(set(hashes.values())) == len(CORRUPTIONS)  # every corruption changes them
 
 
 @pytest.mark.needs_fashion_mnist
@@ -93,11 +107,21 @@ def test_the_corrupted_test_set_comes_with_its_labels_and_checks_its_bytes(
     shifted = corrupted_test_set("shift-4", tmp_path, download=False)
     assert shifted.images.shape == (10000, 1, 28, 28) and shifted.labels.tolist() == labels.tolist()
     assert np.array_equal(shifted.images[:, 0].numpy(), corrupt(images, "shift-4"))
-    monkeypatch.setitem(CORRUPTION_SHA256, "blur", "0" * 64)
+    monkeypatch.setitem(CORRUPTION_SHA256["fashion-mnist"], "blur", "0" * 64)
     with pytest.raises(
-        UserError, match="'blur' Fashion-MNIST test images differ from the recorded"
+        UserError, match="'blur' fashion-mnist test images differ from the recorded"
     ):
         corrupted_test_set("blur", tmp_path, download=False)
+
+
+@pytest.mark.needs_fashion_mnist
+def test_the_anywhere_corrupted_test_set_corrupts_the_placed_canvases(clean, placed, tmp_path):
+    _, labels = clean
+    blurred = corrupted_test_set("blur", tmp_path, download=False, dataset="fashion-mnist-anywhere")
+    assert blurred.images.shape == (10000, 1, 32, 32) and blurred.labels.tolist() == labels.tolist()
+    assert np.array_equal(blurred.images[:, 0].numpy(), apply_blur(placed))
+    with pytest.raises(UserError, match="no corrupted test sets for 'digits'; expected one of"):
+        corrupted_test_set("blur", tmp_path, download=False, dataset="digits")
 
 
 @pytest.mark.needs_fashion_mnist
@@ -113,6 +137,25 @@ def test_shifts_move_each_image_by_its_drawn_offset(clean):
         shifted = corrupt(images, name)
         for i in range(0, 10000, 7):
             assert np.array_equal(shifted[i], shifted_by_slicing(images[i], *offsets[i])), (name, i)
+
+
+@pytest.mark.needs_fashion_mnist
+def test_in_frame_shifts_keep_every_garment_that_has_room_whole(clean, placed):
+    for images in (clean[0], placed):
+        for name, amount in IN_FRAME_SHIFT_PIXELS.items():
+            shifted = corrupt(images, name)
+            kept = shifted.sum(axis=(1, 2), dtype=np.int64)
+            total = images.sum(axis=(1, 2), dtype=np.int64)
+            # where a direction keeps every bit of ink, the image was moved whole
+            room = np.zeros(len(images), dtype=bool)
+            for direction in DIRECTIONS * amount:
+                moved = apply_shift(images, np.broadcast_to(direction, (len(images), 2)))
+                room |= moved.sum(axis=(1, 2), dtype=np.int64) == total
+            assert np.array_equal(room, kept == total), name
+            assert ink_kept(images, shifted) > ink_kept(images, corrupt(images, name[:7]))
+    # the placed garments have room for a 4-px move always, for an 8-px one almost always
+    assert ink_kept(placed, corrupt(placed, "shift-4-in-frame")) == 1.0
+    assert ink_kept(placed, corrupt(placed, "shift-8-in-frame")) > 0.999
 
 
 @pytest.mark.needs_fashion_mnist
@@ -195,6 +238,41 @@ def test_apply_shift_moves_a_pixel_and_fills_with_zeros():
     assert np.array_equal(moved[0], expected)
     assert np.array_equal(apply_shift(image, np.array([[0, 0]])), image)
     assert not apply_shift(image, np.array([[5, 0]])).any()  # moved out entirely
+
+
+def test_in_frame_offsets_pick_evenly_among_the_directions_that_keep_the_most_ink():
+    images = np.zeros((4, 9, 9), dtype=np.uint8)
+    images[0, 4, 4] = 5  # the centre: room in all 8 directions for 2 px
+    images[1, 0, 0] = 5  # the top-left corner: room only S, SE, E
+    images[2, 0, 4] = 5  # the top edge, and more ink below: room E, SE, S, SW, W
+    images[2, 3, 4] = 1
+    images[3, 4, 0:9] = 7  # a full row: every sideways move loses ink, N and S lose none
+    choices = np.arange(CHOICES)
+    for index, allowed in enumerate(
+        [DIRECTIONS, [(0, 1), (1, 1), (1, 0)], [(0, 1), (1, 1), (1, 0), (1, -1), (0, -1)],
+         [(-1, 0), (1, 0)]]
+    ):  # fmt: skip
+        repeated = np.repeat(images[index : index + 1], CHOICES, axis=0)
+        offsets = in_frame_offsets(repeated, 2, choices)
+        directions, counts = np.unique(offsets // 2, axis=0, return_counts=True)
+        # in DIRECTIONS order, choice c takes the (c mod count)-th: every one equally often
+        assert sorted(map(tuple, directions)) == sorted(map(tuple, allowed)), index
+        assert set(counts) == {CHOICES // len(allowed)}
+        assert np.array_equal(offsets[: len(allowed)] // 2, [
+            d for d in DIRECTIONS.tolist() if tuple(d) in set(map(tuple, allowed))
+        ])  # fmt: skip
+
+
+def test_ink_kept_is_the_mean_share_of_each_images_grey_levels():
+    clean = np.zeros((2, 4, 4), dtype=np.uint8)
+    clean[0, 0, 0], clean[0, 3, 3] = 10, 30  # 40 in all
+    clean[1, 1, 1] = 200
+    moved = apply_shift(clean, np.array([[1, 1], [1, 1]]))  # image 0 loses its 30
+    assert ink_kept(clean, moved) == pytest.approx((10 / 40 + 1) / 2)
+    with pytest.raises(UserError, match="clean image 1 is black: no ink to keep"):
+        ink_kept(np.stack([clean[0], 0 * clean[1]]), moved)
+    with pytest.raises(UserError, match=r"the corrupted images \(1, 4, 4\) must match the clean"):
+        ink_kept(clean, moved[:1])
 
 
 def test_blur_of_an_impulse_is_the_rounded_kernel():

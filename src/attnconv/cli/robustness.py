@@ -1,6 +1,6 @@
 """``attnconv robustness CHECKPOINT|RUN_DIR ... [--pretrained NAME ...|all]``: accuracy of
-Fashion-MNIST models on the clean test set and on each corrupted one
-(``attnconv.data.corruptions``), in float32, as a table on stdout and a CSV file."""
+Fashion-MNIST and fashion-mnist-anywhere models on their clean test set and on each corrupted one
+(``attnconv.data.corruptions``), in float32, as one table per dataset on stdout and a CSV file."""
 
 from __future__ import annotations
 
@@ -16,8 +16,7 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
-DATASET = "fashion-mnist"
-TEST_SIZE = 10000  # images in the Fashion-MNIST test set
+TEST_SIZE = 10000  # images in each dataset's test set
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -25,22 +24,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "checkpoints",
         nargs="*",
         metavar="CHECKPOINT|RUN_DIR",
-        help="checkpoints written by `attnconv train` on fashion-mnist, or run folders (their "
-        "checkpoints/best.pt)",
+        help="checkpoints written by `attnconv train` on fashion-mnist or fashion-mnist-anywhere, "
+        "or run folders (their checkpoints/best.pt)",
     )
     parser.add_argument(
         "--pretrained",
         nargs="+",
         metavar="NAME",
         default=[],
-        help="models shipped with attnconv; all: every shipped Fashion-MNIST model",
+        help="models shipped with attnconv; all: every shipped fashion-mnist and "
+        "fashion-mnist-anywhere model",
     )
     parser.add_argument(
         "--corruptions",
         nargs="+",
         metavar="NAME",
         help="the corrupted sets to measure besides the clean one (default: all: shift-4 shift-8 "
-        "noise-low noise-high blur contrast occlusion)",
+        "shift-4-in-frame shift-8-in-frame noise-low noise-high blur contrast occlusion)",
     )
     parser.add_argument(
         "--images",
@@ -52,7 +52,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--out",
         default="robustness.csv",
-        help="the CSV file: one row per model, accuracies in [0, 1] (default: robustness.csv)",
+        help="the CSV file: one row per model, its dataset, accuracies in [0, 1] (default: "
+        "robustness.csv)",
     )
     parser.add_argument("--data-dir", help="where datasets live")
     parser.add_argument("--batch-size", type=int, default=500, help="images per forward")
@@ -76,17 +77,34 @@ def _corruptions(names: list[str] | None) -> list[str]:
 
 
 def _pretrained_names(names: list[str]) -> list[str]:
-    """``names`` with ``all`` replaced by every shipped Fashion-MNIST model, each once."""
+    """``names`` with ``all`` replaced by every shipped model of a dataset with corrupted test
+    sets (``ROBUSTNESS_DATASETS``), each once."""
+    from attnconv.data.corruptions import ROBUSTNESS_DATASETS
     from attnconv.models.pretrained import pretrained_models
 
-    shipped = [name for name, info in pretrained_models().items() if info.dataset == DATASET]
+    shipped = [
+        name for name, info in pretrained_models().items() if info.dataset in ROBUSTNESS_DATASETS
+    ]
     expanded = [name for word in names for name in (shipped if word == "all" else [word])]
     return list(dict.fromkeys(expanded))
 
 
-def _load_models(args: argparse.Namespace, device: torch.device) -> dict[str, nn.Module]:
-    """The models to measure, by the name the table gives them (the pretrained name, or the
-    checkpoint path as given), on ``device``; UserError for one not trained on Fashion-MNIST."""
+def _check_dataset(what: str, dataset: str) -> None:
+    from attnconv.data.corruptions import ROBUSTNESS_DATASETS
+
+    if dataset not in ROBUSTNESS_DATASETS:
+        raise UserError(
+            f"{what} was trained on {dataset}; corrupted test sets exist for "
+            f"{' and '.join(ROBUSTNESS_DATASETS)}: give a model trained on one of them"
+        )
+
+
+def _load_models(
+    args: argparse.Namespace, device: torch.device
+) -> dict[str, tuple[nn.Module, str]]:
+    """The models to measure and the dataset each was trained on, by the name the table gives
+    them (the pretrained name, or the checkpoint path as given), on ``device``; UserError for one
+    trained on a dataset without corrupted test sets."""
     from attnconv.models.checkpoint import load_model
     from attnconv.models.pretrained import load_pretrained, pretrained_info
     from attnconv.runs import checkpoint_file
@@ -94,55 +112,68 @@ def _load_models(args: argparse.Namespace, device: torch.device) -> dict[str, nn
     models = {}
     for name in _pretrained_names(args.pretrained):
         info = pretrained_info(name)
-        if info.dataset != DATASET:
-            raise UserError(
-                f"pretrained model {name!r} was trained on {info.dataset}; the corrupted test "
-                f"sets are {DATASET}'s"
-            )
-        models[name] = load_pretrained(name).to(device)
+        _check_dataset(f"pretrained model {name!r}", info.dataset)
+        models[name] = (load_pretrained(name).to(device), info.dataset)
     for given in args.checkpoints:
         path = checkpoint_file(given)
         model, checkpoint = load_model(path, map_location=device)
-        if checkpoint["dataset"] != DATASET:
-            raise UserError(
-                f"{path} was trained on {checkpoint['dataset']}; the corrupted test sets are "
-                f"{DATASET}'s: give a model trained on {DATASET}"
-            )
-        models[given] = model
+        _check_dataset(str(path), checkpoint["dataset"])
+        models[given] = (model, checkpoint["dataset"])
     return models
 
 
 def measure(
-    models: dict[str, nn.Module],
+    models: dict[str, tuple[nn.Module, str]],
     corruptions: list[str],
     images: int,
     data_dir: str | None,
     batch_size: int,
     device: torch.device,
-) -> dict[str, dict[str, float]]:
-    """Accuracy in [0, 1] of each model (float32) on the first ``images`` images of the clean
-    test set and of each corruption: ``{model: {set: accuracy}}``, ``clean`` first. One progress
-    line per (set, model) on stderr."""
+) -> tuple[dict[str, dict[str, float]], dict[str, dict[str, float]]]:
+    """Accuracy in [0, 1] of each model (float32; ``{name: (model, dataset)}``) on the first
+    ``images`` images of its dataset's clean test set and of each corruption, ``{model: {set:
+    accuracy}}`` with ``clean`` first; and, per dataset, the share of ink each shift keeps in the
+    frame on those images (``ink_kept``), ``{dataset: {set: fraction}}``. One progress line per
+    (set, model) on stderr."""
     from attnconv.data import BatchLoader, ImageSet
-    from attnconv.data.corruptions import corrupted_test_set
+    from attnconv.data.corruptions import (
+        IN_FRAME_SHIFT_PIXELS,
+        SHIFT_PIXELS,
+        corrupted_test_set,
+        ink_kept,
+    )
     from attnconv.train.loop import evaluation_sums
 
     accuracy: dict[str, dict[str, float]] = {name: {} for name in models}
+    ink: dict[str, dict[str, float]] = {}
+    datasets = list(dict.fromkeys(dataset for _, dataset in models.values()))
     sets = ["clean", *corruptions]
-    for number, corruption in enumerate(sets, start=1):
-        full = corrupted_test_set(corruption, data_dir)
-        subset = ImageSet(full.images[:images], full.labels[:images])
-        loader = BatchLoader(subset, batch_size, device=device, train=False, flip=False)
-        for name, model in models.items():
-            _, correct, seen = evaluation_sums(model, loader, "fp32")
-            accuracy[name][corruption] = correct / seen
-            print(
-                f"[set {number}/{len(sets)}] {name} on {corruption}: {correct / seen:.2%} "
-                f"({int(correct)}/{int(seen)})",
-                file=sys.stderr,
-                flush=True,
-            )
-    return accuracy
+    total = len(sets) * len(datasets)
+    number = 0
+    for dataset in datasets:
+        ink[dataset] = {}
+        clean = None
+        for corruption in sets:
+            number += 1
+            full = corrupted_test_set(corruption, data_dir, dataset=dataset)
+            subset = ImageSet(full.images[:images], full.labels[:images])
+            if clean is None:
+                clean = subset.images[:, 0].numpy()
+            if corruption in SHIFT_PIXELS or corruption in IN_FRAME_SHIFT_PIXELS:
+                ink[dataset][corruption] = ink_kept(clean, subset.images[:, 0].numpy())
+            loader = BatchLoader(subset, batch_size, device=device, train=False, flip=False)
+            for name, (model, trained_on) in models.items():
+                if trained_on != dataset:
+                    continue
+                _, correct, seen = evaluation_sums(model, loader, "fp32")
+                accuracy[name][corruption] = correct / seen
+                print(
+                    f"[set {number}/{total}] {name} on {corruption}: {correct / seen:.2%} "
+                    f"({int(correct)}/{int(seen)})",
+                    file=sys.stderr,
+                    flush=True,
+                )
+    return accuracy, ink
 
 
 def summary(row: dict[str, float]) -> tuple[float, float]:
@@ -165,16 +196,18 @@ def format_table(accuracy: dict[str, dict[str, float]]) -> str:
     return "\n".join(lines)
 
 
-def write_csv(accuracy: dict[str, dict[str, float]], images: int, path: Path) -> None:
-    """``path``: columns model, images, each set's accuracy in [0, 1], mean_corrupted and
-    mean_minus_clean (6 decimals)."""
+def write_csv(
+    accuracy: dict[str, dict[str, float]], datasets: dict[str, str], images: int, path: Path
+) -> None:
+    """``path``: columns model, dataset (``datasets[model]``), images, each set's accuracy in
+    [0, 1], mean_corrupted and mean_minus_clean (6 decimals)."""
     sets = list(next(iter(accuracy.values())))
     with path.open("w", newline="") as handle:
         writer = csv.writer(handle)
-        writer.writerow(["model", "images", *sets, "mean_corrupted", "mean_minus_clean"])
+        writer.writerow(["model", "dataset", "images", *sets, "mean_corrupted", "mean_minus_clean"])
         for name, row in accuracy.items():
             values = [row[s] for s in sets] + list(summary(row))
-            writer.writerow([name, images, *(f"{value:.6f}" for value in values)])
+            writer.writerow([name, datasets[name], images, *(f"{value:.6f}" for value in values)])
 
 
 def run(args: argparse.Namespace) -> int:
@@ -194,9 +227,16 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--out {out}: the folder {out.parent} does not exist")
     device = select_device(args.device)
     models = _load_models(args, device)
-    accuracy = measure(models, corruptions, args.images, args.data_dir, args.batch_size, device)
-    print(f"Fashion-MNIST test accuracy (%), first {args.images} images, float32 on {device}:")
-    print(format_table(accuracy))
-    write_csv(accuracy, args.images, out)
+    accuracy, ink = measure(
+        models, corruptions, args.images, args.data_dir, args.batch_size, device
+    )
+    datasets = {name: dataset for name, (_, dataset) in models.items()}
+    for dataset, kept in ink.items():
+        print(f"{dataset} test accuracy (%), first {args.images} images, float32 on {device}:")
+        print(format_table({name: accuracy[name] for name in models if datasets[name] == dataset}))
+        if kept:
+            shares = ", ".join(f"{name} {100 * share:.2f}%" for name, share in kept.items())
+            print(f"ink the shifted images keep in the frame (mean over images): {shares}")
+    write_csv(accuracy, datasets, args.images, out)
     print(f"wrote {out}")
     return 0
