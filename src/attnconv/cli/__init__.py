@@ -60,7 +60,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "robustness": (
         "attnconv.cli.robustness",
-        "Fashion-MNIST accuracy of models under shifts, noise, blur, low contrast and occlusion",
+        "accuracy of Fashion-MNIST models (centred or anywhere) under shifts, noise, blur, low "
+        "contrast and occlusion",
     ),
     "reproduce": (
         "attnconv.cli.reproduce",
