@@ -139,7 +139,8 @@ def measure(
     from attnconv.data.corruptions import (
         IN_FRAME_SHIFT_PIXELS,
         SHIFT_PIXELS,
-        corrupted_test_set,
+        clean_test_set,
+        corrupt_test_set,
         ink_kept,
     )
     from attnconv.train.loop import evaluation_sums
@@ -152,15 +153,14 @@ def measure(
     number = 0
     for dataset in datasets:
         ink[dataset] = {}
-        clean = None
+        clean = clean_test_set(dataset, data_dir)  # read once, corrupted set by set
+        clean_images = clean.images[:images, 0].numpy()
         for corruption in sets:
             number += 1
-            full = corrupted_test_set(corruption, data_dir, dataset=dataset)
+            full = corrupt_test_set(clean, corruption, dataset)
             subset = ImageSet(full.images[:images], full.labels[:images])
-            if clean is None:
-                clean = subset.images[:, 0].numpy()
             if corruption in SHIFT_PIXELS or corruption in IN_FRAME_SHIFT_PIXELS:
-                ink[dataset][corruption] = ink_kept(clean, subset.images[:, 0].numpy())
+                ink[dataset][corruption] = ink_kept(clean_images, subset.images[:, 0].numpy())
             loader = BatchLoader(subset, batch_size, device=device, train=False, flip=False)
             for name, (model, trained_on) in models.items():
                 if trained_on != dataset:

@@ -40,7 +40,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from attnconv.data.datasets import default_data_dir, load_splits
+from attnconv.data.datasets import load_splits
 from attnconv.data.splits import ImageSet
 from attnconv.errors import UserError
 
@@ -270,26 +270,26 @@ def ink_kept(clean: np.ndarray, corrupted: np.ndarray) -> float:
     return float((corrupted.astype(np.int64).sum(axis=(1, 2)) / ink).mean())
 
 
-def corrupted_test_set(
-    name: str,
-    data_dir: str | Path | None = None,
-    download: bool = True,
-    dataset: str = "fashion-mnist",
+def clean_test_set(
+    dataset: str = "fashion-mnist", data_dir: str | Path | None = None, download: bool = True
 ) -> ImageSet:
-    """The test set of ``dataset`` (one of ``ROBUSTNESS_DATASETS``) under corruption ``name``:
-    images uint8 ``(10000, 1, H, W)`` (28×28 for Fashion-MNIST, the placed 32×32 canvases for
-    ``fashion-mnist-anywhere``) and their labels int64 ``(10000,)``, read as ``load_splits``
-    reads them (``data_dir``, ``download``) and checked against ``CORRUPTION_SHA256``. UserError
-    if the bytes differ."""
-    _check_name(name)
+    """The clean test set of ``dataset`` (one of ``ROBUSTNESS_DATASETS``) as ``load_splits``
+    reads it (``data_dir``, ``download``): images uint8 ``(10000, 1, H, W)`` (28×28 for
+    Fashion-MNIST, the placed 32×32 canvases for ``fashion-mnist-anywhere``), labels int64
+    ``(10000,)``."""
     if dataset not in ROBUSTNESS_DATASETS:
         raise UserError(
             f"no corrupted test sets for {dataset!r}; expected one of "
             f"{', '.join(ROBUSTNESS_DATASETS)}"
         )
-    folder = default_data_dir() if data_dir is None else Path(data_dir)
-    test = load_splits(dataset, folder, download=download).test
-    images = corrupt(test.images[:, 0].numpy(), name)
+    return load_splits(dataset, data_dir, download=download).test
+
+
+def corrupt_test_set(clean: ImageSet, name: str, dataset: str = "fashion-mnist") -> ImageSet:
+    """``clean`` (``clean_test_set(dataset)``) under corruption ``name``, the same shapes, checked
+    against ``CORRUPTION_SHA256``. UserError if the bytes differ."""
+    _check_name(name)
+    images = corrupt(clean.images[:, 0].numpy(), name)
     expected = CORRUPTION_SHA256[dataset][name]
     if array_sha256(images) != expected:
         raise UserError(
@@ -297,4 +297,17 @@ def corrupted_test_set(
             f"{array_sha256(images)[:16]}..., expected {expected[:16]}...): a different test "
             f"set, or numpy changed its random streams"
         )
-    return ImageSet(torch.from_numpy(images).unsqueeze(1), test.labels)
+    return ImageSet(torch.from_numpy(images).unsqueeze(1), clean.labels)
+
+
+def corrupted_test_set(
+    name: str,
+    data_dir: str | Path | None = None,
+    download: bool = True,
+    dataset: str = "fashion-mnist",
+) -> ImageSet:
+    """The test set of ``dataset`` (one of ``ROBUSTNESS_DATASETS``) under corruption ``name``:
+    ``corrupt_test_set(clean_test_set(dataset, data_dir, download), name, dataset)``. To corrupt
+    one test set several ways, read it once with ``clean_test_set``."""
+    _check_name(name)
+    return corrupt_test_set(clean_test_set(dataset, data_dir, download), name, dataset)
