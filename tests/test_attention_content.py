@@ -157,10 +157,10 @@ def count_routes(monkeypatch) -> dict[str, int]:
 @pytest.mark.parametrize("route", ["fused", "folded"])
 def test_routes_without_probabilities_match_explicit_attention_float64(monkeypatch, case, route):
     """Without the probabilities, each route, with gradients and without, is explicit attention.
-    With gradients a CPU never takes the fused route; forcing it runs the code a GPU runs (SDPA,
-    then its mask's gradient), on SDPA's CPU kernel."""
+    With gradients and a bias a CPU never takes the fused route; forcing it runs the code a GPU
+    runs (SDPA, then its mask's gradient), on SDPA's CPU kernel."""
     monkeypatch.setattr(content, "BLOCK_ENTRIES", 800)  # blocks of two heads, then one
-    monkeypatch.setattr(content, "uses_sdpa", lambda device, dtype, needs_grad: route == "fused")
+    monkeypatch.setattr(content, "uses_sdpa", lambda *args, **kwargs: route == "fused")
     calls = count_routes(monkeypatch)
     query, key, value, bias = route_inputs(case)
     inputs = [t for t in (query, key, value, bias) if t is not None]
@@ -210,10 +210,14 @@ def test_routes_in_float32_and_bfloat16_against_float64(monkeypatch, case, dtype
     for got, expected in zip(grads, grads_ref, strict=True):
         assert got.dtype == dtype
         assert rel_err(got.double(), expected, floor) < grad_tolerance
-    # Without gradients float32 takes the fused route, bfloat16 the folded one; with them, both
-    # the folded one.
-    fused = dtype == torch.float32
-    assert calls == {"sdpa": int(fused), "folded": 1, "_attend": 2 - int(fused)}
+    # float32 takes the fused route without gradients, and with them where there is no bias;
+    # bfloat16 the folded one.
+    if dtype == torch.bfloat16:
+        assert calls == {"sdpa": 0, "folded": 1, "_attend": 2}
+    elif bias is None:
+        assert calls == {"sdpa": 2, "folded": 0, "_attend": 0}
+    else:
+        assert calls == {"sdpa": 1, "folded": 1, "_attend": 1}
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -259,16 +263,20 @@ def test_cuda_routes_match_explicit_attention_float64(monkeypatch, case, dtype, 
 def test_the_fused_route_runs_where_it_is_fastest():
     cpu, cuda, meta = (torch.device(name) for name in ("cpu", "cuda", "meta"))
     for dtype in (torch.float32, torch.float64):
-        assert content.uses_sdpa(cpu, dtype, needs_grad=False)
-        assert not content.uses_sdpa(cpu, dtype, needs_grad=True)
-    assert not content.uses_sdpa(cpu, torch.bfloat16, needs_grad=False)
+        for masked in (False, True):
+            assert content.uses_sdpa(cpu, dtype, needs_grad=False, masked=masked)
+        # SDPA's CPU kernel has no gradient for a mask
+        assert content.uses_sdpa(cpu, dtype, needs_grad=True, masked=False)
+        assert not content.uses_sdpa(cpu, dtype, needs_grad=True, masked=True)
     for needs_grad in (False, True):
-        for dtype in (torch.bfloat16, torch.float16):
-            assert content.uses_sdpa(cuda, dtype, needs_grad)
-        for dtype in (torch.float32, torch.float64):
-            assert not content.uses_sdpa(cuda, dtype, needs_grad)
-        # Counting multiply-adds (float32, on the meta device) goes through the folded route.
-        assert not content.uses_sdpa(meta, torch.float32, needs_grad)
+        assert not content.uses_sdpa(cpu, torch.bfloat16, needs_grad, masked=False)
+        for masked in (False, True):
+            for dtype in (torch.bfloat16, torch.float16):
+                assert content.uses_sdpa(cuda, dtype, needs_grad, masked)
+            for dtype in (torch.float32, torch.float64):
+                assert not content.uses_sdpa(cuda, dtype, needs_grad, masked)
+            # Counting multiply-adds (float32, on the meta device) goes through the folded route.
+            assert not content.uses_sdpa(meta, torch.float32, needs_grad, masked)
     # The folded route: blocks within a CPU core's cache, the whole batch on a GPU.
     assert content.block_entries(cpu) == content.BLOCK_ENTRIES * torch.get_num_threads()
     assert content.block_entries(cuda) == float("inf")
@@ -282,7 +290,7 @@ def test_flop_counter_counts_the_fused_route_as_the_folded_one(monkeypatch):
     query, key, value, bias = (t.detach() for t in route_inputs("content + bias"))
     counts = {}
     for route in ("fused", "folded"):
-        monkeypatch.setattr(content, "uses_sdpa", lambda *args, route=route: route == "fused")
+        monkeypatch.setattr(content, "uses_sdpa", lambda *args, route=route, **kwargs: route == "fused")
         with torch.no_grad(), FlopCounterMode(display=False) as counter:
             content.content_attention(query, key, value, bias=bias, return_probs=False)
         counts[route] = counter.get_total_flops()
