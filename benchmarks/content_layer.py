@@ -25,7 +25,9 @@ Part 2, ``steps``: a training step (forward, cross-entropy, backward, SGD with m
 ``learned-content-fashion`` against ``vit-fashion`` (the plain ViT at similar multiply-adds) on
 Fashion-shaped batches, float32 and bfloat16 autocast, alternating, best of ``--rounds``; beside
 them the content model with its BERT dense map applied after the output projection rather than
-folded into it (``attention.layer.fold_pays``), the path before the fold.
+folded into it (``attention.layer.fold_pays``), the path before the fold, and the ViT with its
+attention on the folded route where it now takes SDPA's fused kernel (a CPU with gradients:
+``content.uses_sdpa``), the path before that.
 
     python benchmarks/content_layer.py --threads 1
     python benchmarks/content_layer.py --sections layer --batch 20 --rounds 3   # a quick look
@@ -179,11 +181,27 @@ def layer_section(batch: int, rounds: int, device: torch.device) -> None:
 UNFOLDED = "content, two maps"
 """The content model with its dense map applied after the output projection, as before the two
 were folded into one (``attention.layer.fold_pays``): the fold's gain, measured alongside."""
+VIT_FOLDED = "vit, folded route"
+"""The ViT with its attention on the folded route with gradients (``folded_with_gradients``):
+the fused kernel's gain, measured alongside."""
 
 
 def two_maps() -> contextlib.AbstractContextManager:
     """Every layer applies a following map after its output projection, never folded into it."""
     return mock.patch.object(layer_module, "fold_pays", lambda *args: False)
+
+
+def folded_with_gradients() -> contextlib.AbstractContextManager:
+    """Content attention with gradients on a CPU takes the folded route, as it did before an
+    unmasked one took SDPA's fused kernel (``content.uses_sdpa``); elsewhere the rule is kept."""
+    rule = content.uses_sdpa
+
+    def before(device: torch.device, dtype: torch.dtype, needs_grad: bool, masked: bool) -> bool:
+        return rule(device, dtype, needs_grad, masked) and not (
+            device.type == "cpu" and needs_grad
+        )
+
+    return mock.patch.object(content, "uses_sdpa", before)
 
 
 def step_section(batch: int, rounds: int, device: torch.device) -> None:
@@ -193,9 +211,10 @@ def step_section(batch: int, rounds: int, device: torch.device) -> None:
     print("  ".join(f"{name}: {costs[name].macs / 1e6:.1f}M multiply-adds/image (one image)"
                     for name in STEP_PRESETS))
     ours, peer = STEP_PRESETS
-    contenders = {ours: ours, UNFOLDED: ours, peer: peer}  # column -> preset
+    contenders = {ours: ours, UNFOLDED: ours, peer: peer, VIT_FOLDED: peer}  # column -> preset
+    routes = {UNFOLDED: two_maps, VIT_FOLDED: folded_with_gradients}
     header = f"{'precision':<10}" + "".join(f"{name:>26}" for name in contenders)
-    header += f"  {peer + ' / ' + ours:>38}{'two maps / folded':>19}"
+    header += f"  {peer + ' / ' + ours:>38}{'two maps / folded':>19}{'vit folded / fused':>20}"
     print(header + "\n" + "-" * len(header))
     generator = torch.Generator().manual_seed(0)
     images = torch.rand(batch, 1, 28, 28, generator=generator).to(device)
@@ -206,7 +225,7 @@ def step_section(batch: int, rounds: int, device: torch.device) -> None:
             torch.manual_seed(0)
             model = create_model(name).to(device).train()
             optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-            folding = two_maps() if column == UNFOLDED else contextlib.nullcontext()
+            folding = routes[column]() if column in routes else contextlib.nullcontext()
 
             def step(model: nn.Module = model, optimizer: torch.optim.Optimizer = optimizer,
                      precision: str = precision,
@@ -220,10 +239,11 @@ def step_section(batch: int, rounds: int, device: torch.device) -> None:
             steps[column] = step
         best = alternate(steps, rounds, device)
         print(f"{precision:<10}" + "".join(f"{best[n] * 1e3:>24.1f}ms" for n in contenders)
-              + f"{best[peer] / best[ours]:>39.2f}x{best[UNFOLDED] / best[ours]:>18.2f}x",
-              flush=True)
+              + f"{best[peer] / best[ours]:>39.2f}x{best[UNFOLDED] / best[ours]:>18.2f}x"
+              + f"{best[VIT_FOLDED] / best[peer]:>19.2f}x", flush=True)
     print(f"({peer} / {ours} >= 1: the content model's step is no slower than the ViT's; "
-          "two maps / folded: the fold's gain)")
+          "two maps / folded: the fold's gain; vit folded / fused: the fused kernel's gain "
+          "for the ViT)")
 
 
 def add_timing_arguments(parser: argparse.ArgumentParser, rounds: int) -> None:
