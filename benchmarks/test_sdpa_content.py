@@ -94,8 +94,19 @@ def test_content_layer_benchmark_prints_every_mode_as_ratios(monkeypatch, capsys
         assert len(re.findall(r"\d+\.\d+ms", line)) == 3 and len(re.findall(r"\d+\.\d+x", line)) == 2
     [header] = [line for line in lines if line.startswith("precision ")]
     assert header.split()[1:] == ["learned-content-fashion", "content,", "two", "maps",
-                                  "vit-fashion", "vit-fashion", "/", "learned-content-fashion",
-                                  "two", "maps", "/", "folded"]
+                                  "vit-fashion", "vit,", "folded", "route",
+                                  "vit-fashion", "/", "learned-content-fashion",
+                                  "two", "maps", "/", "folded", "vit", "folded", "/", "fused"]
     for precision in ("fp32", "bf16"):
         [line] = [line for line in lines if line.startswith(precision + " ")]
-        assert len(re.findall(r"\d+\.\dms", line)) == 3 and len(re.findall(r"\d+\.\d+x", line)) == 2
+        assert len(re.findall(r"\d+\.\dms", line)) == 4 and len(re.findall(r"\d+\.\d+x", line)) == 3
+
+
+def test_the_vit_folded_column_takes_the_folded_route_with_gradients_on_a_cpu() -> None:
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert content_layer.content.uses_sdpa(cpu, torch.float32, True, masked=False)
+    with content_layer.folded_with_gradients():
+        assert not content_layer.content.uses_sdpa(cpu, torch.float32, True, masked=False)
+        assert content_layer.content.uses_sdpa(cpu, torch.float32, False, masked=False)
+        assert content_layer.content.uses_sdpa(cuda, torch.bfloat16, True, masked=False)
+    assert content_layer.content.uses_sdpa(cpu, torch.float32, True, masked=False)
