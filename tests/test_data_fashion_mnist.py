@@ -202,3 +202,26 @@ def test_a_download_killed_midway_leaves_no_part_file_behind(tmp_path, served):
         os.close(fd)
     assert np.array_equal(train.images[:, 0].numpy(), served["train-images-idx3-ubyte"])
     assert sorted(p.name for p in folder.iterdir()) == sorted([*fashion_mnist.MD5S, running.name])
+
+
+def test_eval_refuses_a_dataset_of_another_image_size(tmp_path, capsys):
+    """The digits checkpoint (8×8 images) on Fashion-MNIST (28×28, the same classes and channel):
+    one line naming both sizes, not an accuracy of the model at a size it was not built for."""
+    from pathlib import Path
+
+    from attnconv import cli
+
+    folder = tmp_path / "fashion-mnist"
+    folder.mkdir()
+    gz_idx(folder / "train-images-idx3-ubyte.gz", np.zeros((5010, 28, 28)))
+    gz_idx(folder / "train-labels-idx1-ubyte.gz", np.arange(5010) % 10)
+    gz_idx(folder / "t10k-images-idx3-ubyte.gz", np.zeros((20, 28, 28)))
+    gz_idx(folder / "t10k-labels-idx1-ubyte.gz", np.arange(20) % 10)
+    checkpoint = Path(__file__).parent / "fixtures" / "checkpoint-v1" / "quick-digits.pt"
+    argv = ["eval", str(checkpoint), "--dataset", "fashion-mnist", "--data-dir", str(tmp_path)]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.count("\n") == 1, err
+    assert "was built for 8x8 images, but dataset 'fashion-mnist' has 28x28" in err, err
+    assert cli.main([*argv[:2], "--data-dir", str(tmp_path)]) == 0  # its own dataset: digits
+    assert "accuracy" in capsys.readouterr().out

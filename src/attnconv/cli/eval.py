@@ -76,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
         name = f"{path} ({checkpoint['preset']}, epoch {checkpoint.get('epoch', '?')})"
     dataset = args.dataset or trained_on
     data = load_splits(dataset, args.data_dir, config.get("val_size"), seed=config.get("seed", 0))
-    check_data_fits(arguments, data, name)
+    check_data_fits(arguments, data, name, same_size=True)
     images = data.test if args.split == "test" else data.val
     loader = BatchLoader(images, args.batch_size, device=device, train=False, flip=False)
     loss_sum, correct, seen = evaluation_sums(model, loader, precision)

@@ -327,9 +327,13 @@ def data_model_config(data: DataSplits) -> dict[str, Any]:
     }
 
 
-def check_data_fits(arguments: dict[str, Any], data: DataSplits, source: str) -> None:
+def check_data_fits(
+    arguments: dict[str, Any], data: DataSplits, source: str, same_size: bool = False
+) -> None:
     """UserError if a model built with constructor ``arguments`` does not take ``data``'s images
-    or classes."""
+    or classes; with ``same_size`` (measuring a trained model), also if its images are not of
+    the size the model was built for (another size runs, resized positions or a smaller token
+    grid, but the accuracy there is not the model's)."""
     expected = data_model_config(data)
     arguments = arguments.get("base_arguments", arguments)  # a transformed network's base
     for key in ("num_classes", "in_channels"):
@@ -338,6 +342,14 @@ def check_data_fits(arguments: dict[str, Any], data: DataSplits, source: str) ->
                 f"{source} has {key}={arguments.get(key)}, but dataset {data.name!r} has "
                 f"{expected[key]}: use the dataset the model was trained on"
             )
+    size = tuple(arguments.get("image_size", ()))
+    if same_size and size != expected["image_size"]:
+        built = "x".join(map(str, size))
+        given = "x".join(map(str, expected["image_size"]))
+        raise UserError(
+            f"{source} was built for {built} images, but dataset {data.name!r} has {given}: its "
+            f"accuracy there would not be the model's; use a dataset of {built} images"
+        )
 
 
 def autocast(precision: str, device: torch.device) -> AbstractContextManager:
