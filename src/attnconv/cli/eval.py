@@ -22,7 +22,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="a model shipped with attnconv "
         "instead of a checkpoint (its dataset must be installed)",
     )
-    parser.add_argument("--dataset", help="the dataset (default: the one it was trained on)")
+    parser.add_argument(
+        "--dataset",
+        help="the dataset (default: the one it was trained on); its images must have the size "
+        "the model was built for",
+    )
     parser.add_argument("--data-dir", help="where datasets live")
     parser.add_argument(
         "--split",
