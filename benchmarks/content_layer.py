@@ -225,7 +225,7 @@ def step_section(batch: int, rounds: int, device: torch.device) -> None:
             torch.manual_seed(0)
             model = create_model(name).to(device).train()
             optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-            folding = routes[column]() if column in routes else contextlib.nullcontext()
+            folding = routes.get(column, contextlib.nullcontext)()
 
             def step(model: nn.Module = model, optimizer: torch.optim.Optimizer = optimizer,
                      precision: str = precision,

@@ -290,7 +290,9 @@ def test_flop_counter_counts_the_fused_route_as_the_folded_one(monkeypatch):
     query, key, value, bias = (t.detach() for t in route_inputs("content + bias"))
     counts = {}
     for route in ("fused", "folded"):
-        monkeypatch.setattr(content, "uses_sdpa", lambda *args, route=route, **kwargs: route == "fused")
+        monkeypatch.setattr(
+            content, "uses_sdpa", lambda *args, route=route, **kwargs: route == "fused"
+        )
         with torch.no_grad(), FlopCounterMode(display=False) as counter:
             content.content_attention(query, key, value, bias=bias, return_probs=False)
         counts[route] = counter.get_total_flops()

@@ -29,10 +29,10 @@ Routes (``content_attention`` picks one; all exact, tested against explicit floa
   blocks ran 1.25× faster than the fused kernel; with gradients, no bias, at the size of
   fashion-mnist-anywhere (16×16 tokens, 9 heads of 16, batch 100; Intel Xeon with AMX, two
   threads) forward+backward took 194 ms fused against 408 ms folded in float32 (a whole
-  ``vit-anywhere`` training step 1.7× faster), and 476 ms against 254 ms in bfloat16. On a GPU in 16-bit floats, with gradients
-  (the memory-efficient kernel returns the mask's) or without: on an NVIDIA H200 at batch 1000,
-  1.2× (forward+backward) and 2.6× (no-grad) faster than the folded route in bfloat16, while in
-  float32 the folded route was faster (1.35× and 1.1×).
+  ``vit-anywhere`` training step 1.7× faster), and 476 ms against 254 ms in bfloat16. On a GPU
+  in 16-bit floats, with gradients (the memory-efficient kernel returns the mask's) or without:
+  on an NVIDIA H200 at batch 1000, 1.2× (forward+backward) and 2.6× (no-grad) faster than the
+  folded route in bfloat16, while in float32 the folded route was faster (1.35× and 1.1×).
 * **folded**: ``torch.softmax`` (one pass; a hand-written max-subtract / exp / sum / divide took
   twice as long), dropout, the weighted sum, and a custom backward with the products the
   gradients need (none for the indicators). On a CPU the ``(B, heads, N, N)`` products run a block
