@@ -7,6 +7,7 @@ settings) are described in docs/development.md, "These pages".
 
 from __future__ import annotations
 
+import importlib.util
 import linecache
 import os
 import re
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from attnconv.viz.style import contrast_ratio
 from conftest import NEEDS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -244,3 +246,38 @@ def test_every_snippet_of_the_page_runs(page: str, tmp_path, monkeypatch) -> Non
             run_shell(code, tmp_path, block.where())
     if not_run:
         pytest.skip("every other snippet ran; not run: " + "; ".join(not_run))
+
+
+def load_hooks():
+    """scripts/mkdocs_hooks.py as a module (the docs build's hooks)."""
+    spec = importlib.util.spec_from_file_location(
+        "mkdocs_hooks", ROOT / "scripts" / "mkdocs_hooks.py"
+    )
+    hooks = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hooks)
+    return hooks
+
+
+def test_every_code_colour_meets_wcag_aa_in_the_light_and_the_dark_scheme() -> None:
+    """The code blocks' stylesheet, as the docs build writes it: in each scheme every token
+    class's colour has at least 4.5:1 contrast on the code's background (its own background
+    where it has one); whitespace, which draws nothing, is left out."""
+    hooks = load_hooks()
+    light, dark = hooks.pygments_css().split(hooks.DARK)
+    for scheme, css in (("light", light), ("dark", dark)):
+        (background,) = re.findall(
+            re.escape(hooks.CODE_BOX)
+            + r" \{ background: (#[0-9a-fA-F]{6}); color: (#[0-9a-fA-F]{6}); \}",
+            css,
+        )
+        assert contrast_ratio(background[1], background[0]) >= 4.5, scheme
+        rules = re.findall(
+            r"\.highlight \.(\w+) \{ color: (#[0-9a-fA-F]{6});.*background-color: (\S+); \}", css
+        )
+        colours = {short: (colour, behind) for short, colour, behind in rules}
+        assert {"c", "c1", "m", "mi", "mf", "k", "s2", "nb"} <= set(colours), scheme
+        for short, (colour, behind) in colours.items():
+            if short == "w":
+                continue
+            on = background[0] if behind == "transparent" else behind
+            assert contrast_ratio(colour, on) >= 4.5, f"{scheme}: .{short} {colour} on {on}"

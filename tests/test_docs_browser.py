@@ -1,8 +1,9 @@
 """The built docs site in headless Chromium, opened from file:// as a reader without a network
 would open it: every page of the site, read back after MathJax has typeset it.
 
-Each page is opened once (the ``pages`` fixture) at 1300×900 and measured; the tests assert on the
-measurements: what it requested, its code blocks, its formulas and its tables.
+Each page is opened once (the ``pages`` fixture) at 1300×900 and measured, then resized to a
+phone's 390×844 and measured again, then read in the dark colour scheme; the tests assert on the
+measurements: what it requested, its code blocks and their colours, its formulas and its tables.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import sync_playwright
 
+from attnconv.viz.style import contrast_ratio
 from conftest import CHROMIUM
 
 pytestmark = pytest.mark.needs_chromium
@@ -35,6 +37,7 @@ MATH_PAGES = {
     "grid-score": 5,
     "api/attention": 5,
 }
+PHONE = {"width": 390, "height": 844}
 
 # What one page shows, measured after MathJax has finished (or at once on a page without it).
 MEASURE = """async () => {
@@ -67,17 +70,57 @@ MEASURE = """async () => {
   const past = [...main.querySelectorAll('p code, li code, p mjx-container, li mjx-container')]
     .filter(e => e.getBoundingClientRect().right > column.right + 1)
     .map(e => e.textContent.slice(0, 40));
+  // a Markdown list with no blank line above it stays text: "- item" inside a paragraph
+  const lists = [...main.querySelectorAll('p')]
+    .filter(p => /\\n\\s*[-*] \\S/.test(p.textContent))
+    .map(p => p.textContent.slice(0, 60));
   return {
     blocks,
     tables,
     past,
     links,
+    lists,
     formulas: main.querySelectorAll('.arithmatex').length,
     typeset: main.querySelectorAll('.arithmatex mjx-container svg').length,
     errors: main.querySelectorAll('mjx-container [data-mml-node="merror"]').length,
     prose: prose.textContent,
   };
 }"""
+
+
+# At a phone's width: how wide the page is against the screen, and every table and display formula
+# (the theme makes each table its own scroll box): whether its content is wider than its box,
+# how the box overflows, where its right edge is against the column's, the cue drawn behind it and
+# whether any of its cells is opaque (and would hide the cue).
+PHONE_MEASURE = """() => {
+  const main = document.querySelector('div[role="main"]');
+  const column = main.getBoundingClientRect();
+  const boxes = [...main.querySelectorAll('table, div.arithmatex')].map(box => {
+    const style = getComputedStyle(box);
+    const opaque = [...box.querySelectorAll('td, th')]
+      .map(cell => getComputedStyle(cell).backgroundColor)
+      .filter(colour => colour.startsWith('rgb(')).length;
+    return {what: box.textContent.trim().slice(0, 50),
+            wide: box.scrollWidth > box.clientWidth + 1,
+            overflow: style.overflowX,
+            right: box.getBoundingClientRect().right - column.right,
+            cue: style.backgroundImage, attachment: style.backgroundAttachment, opaque};
+  });
+  return {width: document.documentElement.scrollWidth,
+          screen: document.documentElement.clientWidth, boxes};
+}"""
+
+# Every coloured token of the code blocks with its colour and the colour behind it (the nearest
+# ancestor's background that is not transparent).
+CODE_COLOURS = """() => [...document.querySelectorAll('div[role="main"] div.highlight code span[class]')]
+  .filter(span => span.textContent.trim())
+  .map(span => {
+    let element = span, behind = 'rgba(0, 0, 0, 0)';
+    while (element && (behind = getComputedStyle(element).backgroundColor) === 'rgba(0, 0, 0, 0)')
+      element = element.parentElement;
+    return {token: span.className, text: span.textContent.slice(0, 30),
+            colour: getComputedStyle(span).color, behind};
+  })"""
 
 
 class Requests:
@@ -131,7 +174,12 @@ def pages(tmp_path_factory) -> dict[str, dict]:
                 **page.evaluate(MEASURE),
                 "outside": requests.outside,
                 "missing": requests.missing,
+                "light": page.evaluate(CODE_COLOURS),
             }
+            page.set_viewport_size(PHONE)
+            measured[name]["phone"] = page.evaluate(PHONE_MEASURE)
+            page.emulate_media(color_scheme="dark")
+            measured[name]["dark"] = page.evaluate(CODE_COLOURS)
             page.close()
         browser.close()
     return measured
@@ -180,6 +228,56 @@ def test_tables_and_text_fit_the_content_column_at_1300_px(pages) -> None:
         for table in page["tables"]:
             assert table["overflow"] <= 1, f"{name}: table {table['head']!r} overflows"
         assert page["past"] == [], f"{name}: inline code or a formula runs past the column"
+
+
+def test_at_a_phone_s_width_no_page_is_wider_than_the_screen(pages) -> None:
+    """At 390 px every page fits the screen: it does not pan sideways. What is wider than the
+    column (a table, a display formula) scrolls inside its own box, which ends at the column's
+    edge and shows that it scrolls: shadows drawn behind its content at the edges with more to
+    see (a background that scrolls with the content covers them at its ends), with no opaque
+    cell over them."""
+    wide = []
+    for name, page in pages.items():
+        phone = page["phone"]
+        assert phone["screen"] == PHONE["width"]
+        assert phone["width"] <= phone["screen"], f"{name} is {phone['width']} px wide"
+        for box in phone["boxes"]:
+            if not box["wide"]:
+                continue
+            wide.append(name)
+            where = f"{name}: {box['what']!r}"
+            assert box["overflow"] in ("auto", "scroll"), where
+            assert box["right"] <= 1, where
+            assert box["cue"].count("radial-gradient") == 2, f"{where}: no scroll cue"
+            assert "local" in box["attachment"] and "scroll" in box["attachment"], where
+            assert box["opaque"] == 0, f"{where}: opaque cells hide the cue"
+    # the results tables and the formulas of the transform page are wider than a phone
+    assert wide.count("reproducing") >= 3 and "transform" in wide and "theory" in wide
+
+
+def rgb_hex(css: str) -> str:
+    """``rgb(r, g, b)`` (a computed colour) as ``#rrggbb``."""
+    red, green, blue = (int(v) for v in re.findall(r"\d+", css)[:3])
+    return f"#{red:02x}{green:02x}{blue:02x}"
+
+
+def test_code_is_readable_in_the_light_and_the_dark_colour_scheme(pages) -> None:
+    """Every coloured token of every code block, comments and numbers included, has at least
+    4.5:1 contrast (WCAG AA) on what is behind it, as the browser draws it, in both schemes."""
+    seen: dict[str, set[str]] = {"light": set(), "dark": set()}
+    for name, page in pages.items():
+        for scheme in seen:
+            for token in page[scheme]:
+                ratio = contrast_ratio(rgb_hex(token["colour"]), rgb_hex(token["behind"]))
+                assert ratio >= 4.5, f"{name}, {scheme}: {token} at {ratio:.2f}:1"
+                seen[scheme].add(token["token"])
+    for scheme, tokens in seen.items():
+        assert {"c1", "mi", "k"} <= tokens, scheme  # comments, numbers and keywords were measured
+
+
+def test_lists_are_lists(pages) -> None:
+    for name, page in pages.items():
+        assert page["lists"] == [], f"{name}: a list ran into its paragraph (a blank line above it)"
 
 
 def test_cross_references_are_links_to_headings_that_exist(pages) -> None:
