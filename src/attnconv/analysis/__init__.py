@@ -2,7 +2,8 @@
 models (``record_attention``), attention distance in patches and pixels, grid score, maps,
 contours, attention rollout and the class token's view (``attention_rollout``,
 ``class_token_attention``), ``heads.csv`` and the explorer (``analyze``, the ``attnconv analyze``
-command).
+command); whether attnconv's own content attention is alive (``content_diagnostics``: entropy of
+the content maps, the uniform-content ablation, query/key norms against the start, gates).
 
 Names are loaded on first use, so importing ``attnconv.analysis`` does not import matplotlib.
 """
@@ -25,6 +26,11 @@ _EXPORTS = {
     "build_third_party": "third_party",
     "analyze_third_party": "analyze",
     "analyze_attnconv": "analyze",
+    "content_layers": "content",
+    "content_diagnostics": "content",
+    "uniform_content": "content",
+    "run_start": "content",
+    "pretrained_start": "content",
 }
 
 __all__ = sorted(_EXPORTS)
