@@ -191,6 +191,18 @@ def test_the_site_builds_with_warnings_as_errors(tmp_path) -> None:
     models = (site / "api" / "models" / "index.html").read_text()
     assert "count_macs" in models and "Multiply-adds of one forward pass on one image" in models
     assert "on the meta device" in models
+    # docstrings name other objects as mkdocs-autorefs cross-references, which become links; a
+    # Sphinx role (":class:`X`") would show as written, ":class:<code>X</code>"
+    for page in sorted((site / "api").rglob("index.html")):
+        roles = re.findall(
+            r":(?:class|func|meth|data|attr|mod|exc|obj):(?:`|<code>)~?[\w.]+", page.read_text()
+        )
+        assert roles == [], f"{page.relative_to(site)} shows Sphinx roles: {roles[:5]}"
+    convert = (site / "api" / "convert" / "index.html").read_text()
+    link = (
+        r'<a class="autorefs autorefs-internal"[^>]*href="#attnconv\.convert\.model\.layers_left"'
+    )
+    assert re.search(link, convert)
     assert (site / "figures" / "fashion-quadratic-contours.png").is_file()
 
 

@@ -10,7 +10,7 @@ operations that use the memory: measured on a 2-core AMD EPYC, LayerNorm, GELU a
 element-wise products ran 2–8× slower at batch 100 than at batch 50 per image, and the whole
 float32 step took 15.7 s instead of 13.6 s (``python benchmarks/train.py`` prints both).
 
-:func:`reuse_freed_memory` switches glibc to serving large requests from its heap and keeping
+[`reuse_freed_memory`][] switches glibc to serving large requests from its heap and keeping
 freed memory there (``M_MMAP_MAX = 0``, a trim threshold of 2 GiB), so the next step reuses
 pages that are already mapped. The process then keeps its peak memory until it exits, which is
 what a training process does anyway. It changes the allocator of the whole process, so it is

@@ -2,8 +2,9 @@ r"""Positional scores as modules: each owns its parameters, initialisation and l
 
 A positional score gives every head $h$ a logit $A^h_{q,k}$ that depends on the offset
 $\delta = k - q$ only ([the mathematics, §1][1-pixels-offsets-and-the-attention-layer], "Scores").
-:class:`MultiHeadSelfAttention2d` holds one of these modules as ``layer.position``, picked by name
-from :data:`POSITIONAL_SCORES`, and asks it for everything that depends on the kind of score:
+[`MultiHeadSelfAttention2d`][attnconv.attention.layer.MultiHeadSelfAttention2d] holds one of
+these modules as ``layer.position``, picked by name from [`POSITIONAL_SCORES`][], and asks it for
+everything that depends on the kind of score:
 
 * ``logits(H, W)``: dense logits over pixel pairs ``(heads, H·W, H·W)``;
 * ``factors(H, W)``: for a ``separable`` score (a row term plus a column term), row
@@ -12,7 +13,7 @@ from :data:`POSITIONAL_SCORES`, and asks it for everything that depends on the k
   each head's attention over all offsets, as for an interior query
   ([the mathematics, §2, "The other direction"][2-theorem-1-attention-can-be-any-convolution]);
 * ``covers(H, W)`` / ``check_size(H, W)``: whether the score is defined on an ``H×W`` image;
-* ``reset_parameters()``: the initialisation (``init``, see :data:`POSITIONAL_INITS`);
+* ``reset_parameters()``: the initialisation (``init``, see [`POSITIONAL_INITS`][]);
   ``select_heads(index)``: keep some heads;
 * Gaussian scores (``has_centers``): ``centers`` and ``geometry()`` for head analysis.
 """
@@ -40,8 +41,8 @@ r"""Initialisations of the positional scores
 paper's code ran it (tables $\mathcal N(0, 1)$, each axis's head keys
 $\mathcal U(\pm 1/\sqrt{d_\text{axis}})$), ``"bert"`` BERT's small tables ($\mathcal N(0, 0.02^2)$,
 head vectors $\mathcal N(0, 1/d)$, $d$ = ``head_dim``). Gaussian scores: the paper's random start under ``"original"`` and
-``"bert"`` alike, or ``"grid"``, Theorem 1's construction as a start (:func:`grid_centers`: the
-$K^2$ heads on the taps of a $K \times K$ kernel, spread :data:`GRID_SPREAD`)."""
+``"bert"`` alike, or ``"grid"``, Theorem 1's construction as a start ([`grid_centers`][]: the
+$K^2$ heads on the taps of a $K \times K$ kernel, spread [`GRID_SPREAD`][])."""
 
 GRID_SPREAD = 2.0
 r"""Inverse standard deviation (1/pixels) of every head under ``init="grid"``: a head puts
@@ -95,7 +96,7 @@ def _refuse_hard(score: type[PositionalScore], hard: bool) -> None:
 class PositionalScore(nn.Module):
     """Base class: a positional score for ``heads`` heads (see the module docstring).
 
-    Subclasses set ``name`` (the key in :data:`POSITIONAL_SCORES`) and ``separable``, create their
+    Subclasses set ``name`` (the key in [`POSITIONAL_SCORES`][]) and ``separable``, create their
     parameters and implement ``reset_parameters``, ``select_heads`` and either ``factors`` and
     ``offset_factors`` (separable scores) or ``logits`` and ``offset_logits``.
     """
@@ -128,7 +129,7 @@ class PositionalScore(nn.Module):
         position_term: bool = True,
     ) -> PositionalScore:
         """The score for a layer built with these arguments (each score takes what it needs;
-        ``init`` is one of :data:`POSITIONAL_INITS`)."""
+        ``init`` is one of [`POSITIONAL_INITS`][])."""
         _check_init(init, POSITIONAL_INITS if cls.has_centers else _RANDOM_INITS)
         _refuse_hard(cls, hard)
         _refuse_without_term(cls, position_term)
@@ -152,7 +153,7 @@ class PositionalScore(nn.Module):
         return self.max_size is None or max(height, width) <= self.max_size
 
     def check_size(self, height: int, width: int) -> None:
-        """ValueError unless :meth:`covers` an ``H×W`` image."""
+        """ValueError unless [`covers`][] an ``H×W`` image."""
         if not self.covers(height, width):
             raise ValueError(
                 f"image {height}x{width} is larger than the {self.name} score covers "
@@ -239,7 +240,7 @@ class _CenteredScore(PositionalScore):
     def reset_parameters(self) -> None:
         r"""Paper initialisation ([the mathematics, §1][1-pixels-offsets-and-the-attention-layer]):
         $\Delta \sim \mathcal N(0, 2^2)$, spread = identity plus $\mathcal N(0, 0.01^2)$ noise; with
-        ``init="grid"`` the heads on the taps of a $K \times K$ kernel (:func:`grid_centers`) with
+        ``init="grid"`` the heads on the taps of a $K \times K$ kernel ([`grid_centers`][]) with
         spread ``GRID_SPREAD`` times the identity, no noise. The grid start draws (and discards) the
         paper's random numbers too, so that under one seed every other weight of a model starts the
         same under both: the two starts differ only here."""
@@ -373,7 +374,7 @@ class LearnedScore(PositionalScore):
     The tables are also the $r_\delta$ of the content × position score
     (``scores.content_positional_logits``).
 
-    ``init`` (:data:`POSITIONAL_INITS`): ``"original"``, the paper's code (tables as
+    ``init`` ([`POSITIONAL_INITS`][]): ``"original"``, the paper's code (tables as
     ``nn.Embedding``'s default $\mathcal N(0, 1)$, row and column keys as two bias-free
     ``nn.Linear`` of fan-in $d_\text{row}$ and $d_\text{col}$:
     $\mathcal U(\pm 1/\sqrt{d_\text{row}})$, $\mathcal U(\pm 1/\sqrt{d_\text{col}})$), or ``"bert"``
@@ -484,7 +485,7 @@ POSITIONAL_SCORES: dict[str, type[PositionalScore]] = {
 """Name (the layer's ``positional=`` argument) → score class."""
 
 Positional = Literal["gaussian", "gaussian_full", "learned"]
-"""The names of :data:`POSITIONAL_SCORES`, as a type."""
+"""The names of [`POSITIONAL_SCORES`][], as a type."""
 
 
 def positional_score_class(name: str) -> type[PositionalScore]:

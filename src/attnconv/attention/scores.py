@@ -139,7 +139,7 @@ def learned_factors(
 ) -> tuple[Tensor, Tensor]:
     r"""Row ``(heads, H, H)`` and column ``(heads, W, W)`` logits of the learned relative score
     $w_h^\top [r^\text{row}_{\delta_1}; r^\text{col}_{\delta_2}]$ (arguments as in
-    :func:`learned_offset_tables`)."""
+    [`learned_offset_tables`][])."""
     row_table, col_table = learned_offset_tables(row_embedding, col_embedding, weight)
     return _gather_offsets(row_table, height), _gather_offsets(col_table, width)
 
@@ -168,7 +168,7 @@ def content_positional_factors(
     Args:
         query: ``(B, heads, H·W, d)`` query vectors with ``d = d_row + d_col``.
         row_embedding, col_embedding: ``(2M−1, d_row)`` / ``(2M−1, d_col)`` as in
-            :func:`learned_offset_tables`.
+            [`learned_offset_tables`][].
     Returns:
         ``row (B, heads, H·W, H)`` and ``col (B, heads, H·W, W)``.
     """
@@ -198,7 +198,7 @@ def content_positional_logits(
 ) -> Tensor:
     r"""Logits $q_h^\top r_\delta / \sqrt d$ (content × position) for every query and key pixel.
 
-    Args: as :func:`content_positional_factors`.
+    Args: as [`content_positional_factors`][].
     Returns:
         ``(B, heads, H·W, H·W)`` logits.
     """

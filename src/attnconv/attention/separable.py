@@ -11,7 +11,7 @@ $$
 The plain autograd route builds the attended values of all heads, ``(B, heads, H, W, d)``, permutes
 them next to each other for one ``Linear(heads·d → out)`` and keeps them for the backward pass: a
 few passes over a tensor ``heads`` times the size of the input, which on a CPU cost more than the
-attention arithmetic itself. :func:`separable_attention_project` instead loops over chunks of
+attention arithmetic itself. [`separable_attention_project`][] instead loops over chunks of
 images and over heads: attend one head of one chunk (two small matrix products into scratch
 buffers), multiply it into the output with one matrix product, and in the backward pass recompute
 it rather than store it. Nothing of size ``heads × input`` is ever allocated, every tensor stays in

@@ -84,7 +84,7 @@ class TransformedConv2d(nn.Module):
 
     Parameters: ``weight``, ``bias``, ``position.centers``, ``position.spread`` and, with content,
     ``query``/``key`` (``Linear(in, heads·qk_dim)``) and ``gate (heads,)``. A fresh layer starts
-    on the taps with zero gates; :func:`attnconv.transform` copies a trained convolution in.
+    on the taps with zero gates; ``attnconv.transform`` copies a trained convolution in.
     """
 
     def __init__(
@@ -397,8 +397,8 @@ class TransformedConv2d(nn.Module):
     def head_geometry(self) -> dict[str, Tensor]:
         """``centers (heads, 2)`` (pixels, from the query), ``covariance (heads, 2, 2)``,
         ``condition_number (heads,)`` (1: isotropic), as
-        :meth:`~attnconv.MultiHeadSelfAttention2d.head_geometry` gives them, and ``gates
-        (heads,)``, each head's share of content attention."""
+        [`head_geometry`][attnconv.attention.layer.MultiHeadSelfAttention2d.head_geometry] gives
+        them, and ``gates (heads,)``, each head's share of content attention."""
         return {**self.position.geometry(), "gates": self.content_gates().detach().clone()}
 
     def _pad(self, x: Tensor) -> Tensor:
@@ -420,7 +420,7 @@ class TransformedConv2d(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """``x (B, in, H, W)`` → ``(B, out, H_out, W_out)``: the positional attention (a
-        convolution with :meth:`positional_kernel`) plus the gated content attention."""
+        convolution with ``positional_kernel``) plus the gated content attention."""
         if not isinstance(x, Tensor) or x.dim() != 4 or x.shape[1] != self.in_channels:
             shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
             raise ValueError(f"expected input of shape (B, {self.in_channels}, H, W), got {shape}")
@@ -448,7 +448,7 @@ class TransformedConv2d(nn.Module):
 
     def _content_output(self, x: Tensor, out_h: int, out_w: int) -> Tensor:
         """``Σ_h g_h W_h P_c^{m(h)} x``: the gated content attention, projected, ``(B, out,
-        H_out, W_out)``; ``m(h)`` is :meth:`content_map`, so each map is applied to the input
+        H_out, W_out)``; ``m(h)`` is ``content_map``, so each map is applied to the input
         once and projected with the gated taps of the heads that share it."""
         batch, channels, groups, maps = x.shape[0], self.in_channels, self.groups, self.content_heads
         probs = self.content_probs(x)  # (B, maps, N_out, N)

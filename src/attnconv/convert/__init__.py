@@ -1,15 +1,15 @@
 """Theorem 1 as code: convolutions as multi-head self-attention, and back.
 
-* :func:`conv_to_attention` turns an ``nn.Conv1d``/``nn.Conv2d`` into an :class:`AttentionConv`
+* [`conv_to_attention`][] turns an ``nn.Conv1d``/``nn.Conv2d`` into an [`AttentionConv`][]
   that computes the same function through ``MultiHeadSelfAttention2d``.
-* :func:`convert_model` does it for every convolution of a network that Theorem 1 covers (rules
-  such as :func:`standardized_weight` reproduce convolution subclasses with their own forward);
-  :func:`conversion_summary` lists what was replaced, :func:`layers_left` what was left and why.
-* :func:`attention_to_conv` reads the effective convolution kernel out of a position-only layer;
-  :func:`border_mass` says where the layer differs from it.
-* :func:`transform` (and :func:`transform_checkpoint`) recasts a network's convolutions as
+* [`convert_model`][] does it for every convolution of a network that Theorem 1 covers (rules
+  such as [`standardized_weight`][] reproduce convolution subclasses with their own forward);
+  [`conversion_summary`][] lists what was replaced, [`layers_left`][] what was left and why.
+* [`attention_to_conv`][] reads the effective convolution kernel out of a position-only layer;
+  [`border_mass`][] says where the layer differs from it.
+* ``transform`` (and ``transform_checkpoint``) recasts a network's convolutions as
   attention that keeps learning (T-CNN): Gaussian heads on the taps with a finite, trainable
-  spread and gated content attention; :func:`choose_spread` picks the spread.
+  spread and gated content attention; ``choose_spread`` picks the spread.
 """
 
 from attnconv.convert.inverse import (

@@ -114,7 +114,7 @@ def compare(
 
 
 def run_battery(seed: int = 0) -> list[CheckResult]:
-    """Every :data:`BATTERY` configuration in float64 and float32, forward and backward."""
+    """Every ``BATTERY`` configuration in float64 and float32, forward and backward."""
     results = []
     for index, (conv_cls, spec, spread) in enumerate(BATTERY):
         for dtype in (torch.float64, torch.float32):

@@ -6,7 +6,7 @@ layer is the convolution $\sum_h M_h K^h$ with $M_h = W^h_\text{out} W^h_\text{v
 ($W_\text{val} = I$ when the heads read the raw input). Near the border the softmax renormalises
 over the pixels inside the
 image: where a head loses kernel mass $m^h_q$ past the border its probabilities are
-$K^h / (1 - m^h_q)$ instead of $K^h$. :func:`border_mass` returns ``m``; pixels where it is zero for
+$K^h / (1 - m^h_q)$ instead of $K^h$. [`border_mass`][] returns ``m``; pixels where it is zero for
 every head are where the layer equals the convolution exactly.
 
 Offsets cover ``−(H−1)..(H−1)`` by ``−(W−1)..(W−1)``: every offset an ``H×W`` image has. Kernels
@@ -67,14 +67,14 @@ def attention_to_conv(
 
     Args:
         layer: a position-only ``MultiHeadSelfAttention2d`` (no content scores), or an
-            :class:`AttentionConv` made by ``conv_to_attention``.
+            [`AttentionConv`][] made by ``conv_to_attention``.
         height, width: image size ``H×W`` (required for a layer; for an ``AttentionConv`` they
             default to the smallest image holding its tap offsets).
         crop: cut the kernel to the smallest centred window outside which it is exactly zero.
     Returns:
         For a layer: ``(Dout, Din, 2H−1, 2W−1)`` (or the cropped centred window), offset ``(0, 0)``
         at the centre: ``F.conv2d(x, kernel, effective_bias(layer), padding=(kh // 2, kw // 2))``
-        equals the layer (channels first) on pixels where :func:`border_mass` is zero.
+        equals the layer (channels first) on pixels where [`border_mass`][] is zero.
         For an ``AttentionConv``: the convolution kernel (its conv's shape) read back from
         its attention layer (probabilities times output weights at each tap's offset, diagonal group
         blocks), equal to the original convolution's for hard attention.

@@ -8,10 +8,10 @@ forward or backward hooks and no hooks on its weight or bias, its weight is a pl
 ``padding_mode`` is supported, and the network holds it only in its module tree (not also in a
 list or attribute that ``forward`` could call). Any other convolution (``ConvTranspose*d`` and
 ``Conv3d`` included, and, seen through a probe input, modules that call ``torch.conv2d`` and the
-like themselves) is left in place with its reason (:func:`layers_left`), unless a *rule* for its
-class says how to reproduce its forward as attention: :func:`standardized_weight`
-(weight-standardised convolutions), :func:`scaled_standardized_weight` (NFNet's scaled weight
-standardisation) and :func:`dynamic_same_padding` (TensorFlow ``"SAME"`` padding computed in
+like themselves) is left in place with its reason ([`layers_left`][]), unless a *rule* for its
+class says how to reproduce its forward as attention: [`standardized_weight`][]
+(weight-standardised convolutions), [`scaled_standardized_weight`][] (NFNet's scaled weight
+standardisation) and [`dynamic_same_padding`][] (TensorFlow ``"SAME"`` padding computed in
 ``forward``) are provided; any callable ``rule(conv, spread) -> nn.Module`` can be passed.
 """
 
@@ -42,7 +42,7 @@ Rule = Callable[[nn.Module, float | None], nn.Module]
 """``rule(conv, spread) -> module``: the attention module reproducing ``conv``'s own forward."""
 
 PROBE_TOLERANCE: dict[torch.dtype, float] = {torch.float64: 1e-10, torch.float32: 1e-5}
-"""Largest relative error :func:`convert_model`'s probe accepts, by the output's dtype."""
+"""Largest relative error [`convert_model`][]'s probe accepts, by the output's dtype."""
 
 CONVOLUTION_FUNCTIONS = frozenset({
     torch.conv1d, torch.conv2d, torch.conv3d, torch.conv_transpose1d, torch.conv_transpose2d,
@@ -74,7 +74,7 @@ class Replacement:
 
 @dataclass(frozen=True)
 class LeftLayer:
-    """A convolution :func:`convert_model` left in place, and why."""
+    """A convolution [`convert_model`][] left in place, and why."""
 
     name: str  # qualified module name in the network
     kind: str  # the layer's class name
@@ -85,12 +85,12 @@ def standardized_weight(eps: float | None = None) -> Rule:
     """Rule for weight-standardised convolutions (BiT's ``StdConv2d``): ``W ← (W − mean) /
     sqrt(var + eps)`` per output channel (biased variance over its inputs and taps), recomputed in
     each forward as the layer does, then the convolution
-    (:class:`~attnconv.convert.theorem.Standardize`).
+    ([`Standardize`][attnconv.convert.theorem.Standardize]).
 
     ``eps``: the layer's own ``eps`` attribute when None; a given ``eps`` must equal the layer's
     if it has one (ValueError otherwise). A layer with a true ``same_pad`` attribute (timm's
-    ``StdConv2dSame``) pads as TensorFlow's ``"SAME"`` (:func:`dynamic_same_padding`). Not for
-    NFNet's scaled layers, which also multiply by a gain: :func:`scaled_standardized_weight`.
+    ``StdConv2dSame``) pads as TensorFlow's ``"SAME"`` ([`dynamic_same_padding`][]). Not for
+    NFNet's scaled layers, which also multiply by a gain: [`scaled_standardized_weight`][].
     """
 
     def rule(conv: nn.Module, spread: float | None) -> AttentionConv:
@@ -114,8 +114,8 @@ def scaled_standardized_weight(conv: nn.Module, spread: float | None) -> Attenti
     per output channel (biased variance over its inputs and taps; $\varepsilon$ = ``eps``; $g$ =
     ``gain``: the layer's trainable ``(Cout, 1, 1, 1)`` parameter, kept trainable as the converted
     layer's ``gain``; $c$ = ``scale``: the layer's constant $\gamma \cdot \text{fan\_in}^{-1/2}$),
-    recomputed in each forward (:class:`~attnconv.convert.theorem.ScaledStandardize`), then the
-    convolution, padded as TensorFlow's ``"SAME"`` where the layer's ``same_pad`` is true.
+    recomputed in each forward ([`ScaledStandardize`][attnconv.convert.theorem.ScaledStandardize]),
+    then the convolution, padded as TensorFlow's ``"SAME"`` where the layer's ``same_pad`` is true.
     """
     gain, scale, eps = (getattr(conv, name, None) for name in ("gain", "scale", "eps"))
     if not (isinstance(gain, nn.Parameter) and isinstance(scale, (int, float)) and eps is not None):
@@ -158,20 +158,20 @@ def convert_model(
             class of a layer's MRO found here decides. Overrides the plain conversion too. A
             rule's module must have the layer's state-dict entries (names and shapes): one that
             drops or adds one (e.g. the gain of a scaled weight standardisation) raises
-            :class:`ConversionError` naming the layer.
-        strict: raise :class:`ConversionError` naming every layer that would be left in place,
+            [`ConversionError`][] naming the layer.
+        strict: raise [`ConversionError`][] naming every layer that would be left in place,
             instead of leaving it.
         probe: an input of ``model``; both networks are run on it (eval mode, no autograd; their
-            training flags are restored) and :class:`ConversionError` is raised when the largest
-            relative error of the outputs exceeds :data:`PROBE_TOLERANCE` (for the probe's
+            training flags are restored) and [`ConversionError`][] is raised when the largest
+            relative error of the outputs exceeds [`PROBE_TOLERANCE`][] (for the probe's
             dtype). The error is stored on the result as ``conversion_probe_error``. The probe
             also finds the modules that call a convolution function themselves
-            (:data:`CONVOLUTION_FUNCTIONS`): they are left, listed and refused by ``strict``.
+            ([`CONVOLUTION_FUNCTIONS`][]): they are left, listed and refused by ``strict``.
         probe_gradients: with ``probe``, also compare the gradients
-            (:func:`probe_gradient_error`, same tolerance), stored as
+            ([`probe_gradient_error`][], same tolerance), stored as
             ``conversion_probe_gradient_error``.
-    Everything else is copied untouched, training mode included; :func:`conversion_summary` and
-    :func:`layers_left` say what was replaced and what was left. What is shared stays shared: a
+    Everything else is copied untouched, training mode included; [`conversion_summary`][] and
+    [`layers_left`][] say what was replaced and what was left. What is shared stays shared: a
     convolution used in several places becomes one attention module used in the same places
     (the same parameters, trained as one); tensors sharing one storage share one in the copy;
     a convolution whose weight or bias is also another module's parameter, or shares its storage
@@ -241,7 +241,7 @@ def convert_model(
 def layers_left(
     model: nn.Module, rules: Mapping[type, Rule] | None = None, probe: Tensor | None = None
 ) -> list[LeftLayer]:
-    """The convolutions of ``model`` that :func:`convert_model` leaves in place, with reasons.
+    """The convolutions of ``model`` that [`convert_model`][] leaves in place, with reasons.
 
     On a converted network: what was left. On an original: what would be (with ``rules``).
     With ``probe`` (an input of ``model``, run once in eval mode without autograd), also the
@@ -432,7 +432,7 @@ class _ConvolutionCalls(TorchFunctionMode):
 
 
 def _probe_run(model: nn.Module, probe: Tensor) -> tuple[list[Tensor], list[LeftLayer]]:
-    """``model``'s outputs on ``probe`` (:func:`_outputs`), and the modules other than
+    """``model``'s outputs on ``probe`` (``_outputs``), and the modules other than
     convolution layers whose own forward called a convolution function, as layers left."""
     calls = _ConvolutionCalls()
 
@@ -498,7 +498,7 @@ def probe_error(original: nn.Module, converted: nn.Module, probe: Tensor) -> flo
 def probe_gradient_error(original: nn.Module, converted: nn.Module, probe: Tensor) -> float:
     r"""Largest relative error of the converted model's gradients on ``probe``.
 
-    Each network's outputs ``y_i`` (as :func:`probe_error`; eval mode, training flags restored) give
+    Each network's outputs ``y_i`` (as [`probe_error`][]; eval mode, training flags restored) give
     the loss $\sum_i \langle y_i, u_i \rangle$ with fixed random $u_i$ of their shapes; its
     gradients with respect to the probe (when floating point) and to every trainable parameter, by
     state-dict key, are compared tensor by tensor: ``max |g − g_original| / max |g_original|`` (the
@@ -516,7 +516,7 @@ def probe_gradient_error(original: nn.Module, converted: nn.Module, probe: Tenso
 
 
 def _gradients(net: nn.Module, probe: Tensor) -> dict[str, Tensor]:
-    """Gradients of :func:`probe_gradient_error`'s loss for ``net``: ``{"(probe)": …, key: …}``."""
+    """Gradients of [`probe_gradient_error`][]'s loss for ``net``: ``{"(probe)": …, key: …}``."""
     x = probe.detach().clone().requires_grad_(probe.is_floating_point())
     params = {k: v for k, v in net.state_dict(keep_vars=True).items() if v.requires_grad}
     unique = list({id(p): p for p in params.values()}.values())
@@ -590,7 +590,7 @@ def _tensors(output: object) -> list[Tensor]:
 
 
 def conversion_summary(model: nn.Module) -> list[Replacement]:
-    """What :func:`convert_model` replaced in ``model`` (a converted network), in module order."""
+    """What [`convert_model`][] replaced in ``model`` (a converted network), in module order."""
     rows = []
     for name, module in model.named_modules():
         if isinstance(module, AttentionConv):
@@ -614,8 +614,8 @@ def conversion_summary(model: nn.Module) -> list[Replacement]:
 def format_summary(
     rows: list[Replacement], left: list[LeftLayer] = (), error: float | None = None
 ) -> str:
-    """A plain-text table of :func:`conversion_summary` with a total line, then the layers left
-    in place with their reasons (:func:`layers_left`) and the probe's relative ``error``."""
+    """A plain-text table of [`conversion_summary`][] with a total line, then the layers left
+    in place with their reasons ([`layers_left`][]) and the probe's relative ``error``."""
     header = (
         "layer",
         "conv",

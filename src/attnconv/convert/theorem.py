@@ -1,7 +1,7 @@
 r"""Theorem 1 as code: a convolution computed exactly by multi-head self-attention.
 
 Construction ([the mathematics, §2][2-theorem-1-attention-can-be-any-convolution]). A convolution
-with a $K_h \times K_w$ kernel becomes a :class:`~attnconv.MultiHeadSelfAttention2d` with one head
+with a $K_h \times K_w$ kernel becomes a [`MultiHeadSelfAttention2d`][] with one head
 per kernel tap ``(i, j)``:
 
 * **Padding.** The input is padded exactly as the convolution pads it (zeros, circular wrap-around,
@@ -70,7 +70,7 @@ class KernelToOutWeight(nn.Module):
 
     ``kernel`` has the convolution's own shape, ``(Cout, Cin/groups, Kh, Kw)`` or
     ``(Cout, Cin/groups, K)`` for a 1-D convolution (``Kh = 1``); ``transform`` (identity by
-    default, e.g. :class:`Standardize`) is applied to it first. Column ``h·Cin + c`` of the output
+    default, e.g. [`Standardize`][]) is applied to it first. Column ``h·Cin + c`` of the output
     weight, for head ``h = i·Kw + j``, holds ``kernel[:, c − g·Cin/groups, i, j]`` for the output
     channels of group ``g`` that reads input channel ``c``, and zero for the other groups
     (block-diagonal over groups). Only the layer's own forward and ``attention_to_conv`` build it;
@@ -105,7 +105,7 @@ class Standardize(nn.Module):
 
     Mean and (biased) variance are taken per output channel, over all its input channels and taps,
     as the weight-standardised convolutions of BiT-style networks compute them (NFNet also scales
-    the result: :class:`ScaledStandardize`).
+    the result: [`ScaledStandardize`][]).
     """
 
     def __init__(self, eps: float = 1e-5) -> None:
@@ -125,7 +125,7 @@ class Standardize(nn.Module):
 
 
 class ScaledStandardize(Standardize):
-    r"""Scaled weight standardisation (NFNet): :class:`Standardize`, then each output channel times
+    r"""Scaled weight standardisation (NFNet): [`Standardize`][], then each output channel times
     $g \cdot c$:
     $W \mapsto (W - \operatorname{mean} W) / \sqrt{\operatorname{var} W + \varepsilon} \cdot g \cdot c$.
 
@@ -147,22 +147,22 @@ class ScaledStandardize(Standardize):
 
 
 class AttentionConv(nn.Module):
-    """A ``Conv1d``/``Conv2d`` computed through :class:`MultiHeadSelfAttention2d` (Theorem 1).
+    """A ``Conv1d``/``Conv2d`` computed through [`MultiHeadSelfAttention2d`][] (Theorem 1).
 
-    Build it with :func:`conv_to_attention`. Input and output have the convolution's layout:
+    Build it with [`conv_to_attention`][]. Input and output have the convolution's layout:
     ``(B, in_channels, H, W) → (B, out_channels, H_out, W_out)`` for a ``Conv2d`` and
     ``(B, in_channels, L) → (B, out_channels, L_out)`` for a ``Conv1d`` (an image with ``H = 1``
     and ``K`` heads).
 
     Attributes: ``weight`` (the kernel, shaped as the convolution's), ``bias`` (``(out,)`` or
     ``None``), ``weight_transform`` (applied to ``weight`` each forward: identity, or e.g.
-    :class:`Standardize`), ``attention`` (the layer: ``Kh·Kw`` hard or finite-spread heads,
+    [`Standardize`][]), ``attention`` (the layer: ``Kh·Kw`` hard or finite-spread heads,
     ``position.centers`` = tap offsets in pixels, ``out.weight`` parametrized by ``weight``,
     ``out.bias`` is ``bias``), ``dynamic_same`` and the convolution's hyper-parameters
     (``kernel_size``, ``stride``, ``padding``, ``dilation``, ``groups``, ``padding_mode``), as on
     the original module.
     ``state_dict()`` holds ``weight`` and ``bias`` only, as the convolution's does, and loads the
-    convolution's; a weight transform's parameters (:class:`ScaledStandardize`'s ``gain``) sit
+    convolution's; a weight transform's parameters ([`ScaledStandardize`][]'s ``gain``) sit
     beside them, as on the layer it reproduces. The module pickles (``torch.save``) and takes
     unbatched input, ``(in, H, W)`` or ``(in, L)``, as the convolution does.
     """
@@ -491,12 +491,12 @@ def conv_to_attention(conv: nn.Conv1d | nn.Conv2d, spread: float | None = None) 
         conv: an ``nn.Conv2d`` or ``nn.Conv1d``: any kernel size, stride, dilation, padding (ints,
             ``"same"``, ``"valid"``), ``padding_mode`` (zeros, circular, reflect, replicate), bias
             or none, any ``groups`` (depthwise included). Its class's own ``forward`` is assumed;
-            :func:`~attnconv.convert.convert_model` checks it.
+            [`convert_model`][attnconv.convert.model.convert_model] checks it.
         spread: ``None`` for hard attention (the exact $s \to \infty$ limit), or a finite inverse
             standard deviation $s$ (in 1/pixels) shared by all heads; the error against the
             convolution falls like $\exp(-s^2/2)$.
     Returns:
-        An :class:`AttentionConv` with the convolution's layout, on its device and dtype; its
+        An [`AttentionConv`][] with the convolution's layout, on its device and dtype; its
         kernel and bias are copies of the convolution's (trainable, the parameters of the attention).
     """
     return AttentionConv(conv, spread)

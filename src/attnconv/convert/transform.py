@@ -1,15 +1,15 @@
 """Transform, don't just convert: a network's convolutions recast as attention that keeps learning.
 
-:func:`transform` replaces chosen ``nn.Conv2d`` layers of a network by
-:class:`~attnconv.attention.transformed.TransformedConv2d` layers built by Theorem 1's
+``transform`` replaces chosen ``nn.Conv2d`` layers of a network by
+``TransformedConv2d`` layers built by Theorem 1's
 construction with a finite spread (docs/transform.md): each kernel tap becomes a Gaussian head
 on that tap whose centre and spread train, and a content attention joins behind per-head gates
 that start shut, so the transformed network starts as the original blurred by the spread.
-:func:`transform_checkpoint` does it to a network attnconv can rebuild (a checkpoint or shipped
+``transform_checkpoint`` does it to a network attnconv can rebuild (a checkpoint or shipped
 model), giving a checkpoint of architecture ``"transformed"`` (``attnconv.models.transformed``),
-which every command loads. :func:`choose_spread` finds the smallest spread that keeps an
+which every command loads. ``choose_spread`` finds the smallest spread that keeps an
 accuracy. The exact, frozen conversion for deployment and verification stays
-:func:`~attnconv.convert.convert_model`.
+[`convert_model`][attnconv.convert.model.convert_model].
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ one of the network's two smallest (the late stages, which T-CNN recast: their gr
 so attention over them is cheap, and they hold the most channels)."""
 
 SPREAD_CANDIDATES: tuple[float, ...] = (1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0, 6.0, 8.0)
-"""Spreads :func:`choose_spread` tries, smallest (most blurred, fastest to move) first."""
+"""Spreads ``choose_spread`` tries, smallest (most blurred, fastest to move) first."""
 
 
 def _example_input(model: nn.Module, example: torch.Tensor | None) -> torch.Tensor:
@@ -79,9 +79,9 @@ def select_layers(
 ) -> list[str]:
     """Names of the ``nn.Conv2d`` modules of ``model`` that ``layers`` selects, in network order.
 
-    ``layers``: :data:`LATE`, :data:`SPATIAL`, or module-name patterns (``fnmatch``: ``"stages.3.*"``,
+    ``layers``: ``LATE``, ``SPATIAL``, or module-name patterns (``fnmatch``: ``"stages.3.*"``,
     ``"layer4.0.conv2"``) each matching at least one convolution. ``example``: an input for the
-    probe forward of :data:`LATE` (default: zeros of the model's ``image_size`` and
+    probe forward of ``LATE`` (default: zeros of the model's ``image_size`` and
     ``in_channels``). ConversionError naming the layer if a selected convolution is one
     Theorem 1's construction does not cover as written (a subclass with its own forward, hooks,
     a parametrized weight, a weight shared with another module, a convolution also held outside
@@ -128,8 +128,8 @@ def transform(
     content_heads: int = 1,
     example: torch.Tensor | None = None,
 ) -> nn.Module:
-    """A copy of ``model`` with the convolutions ``layers`` selects (:func:`select_layers`)
-    recast as trainable attention (:class:`TransformedConv2d`), everything else (normalisation,
+    """A copy of ``model`` with the convolutions ``layers`` selects (``select_layers``)
+    recast as trainable attention (``TransformedConv2d``), everything else (normalisation,
     shortcuts, the head) untouched and ``model`` itself unchanged.
 
     Each transformed layer starts as its convolution blurred by a Gaussian of inverse standard
@@ -137,7 +137,7 @@ def transform(
     ``exp(−spread²/2)``) and with its content gates shut (``content=True``), so the copy computes
     ``model``'s function with that blur, and every centre, spread, gate and content weight is a
     trainable parameter. For a network attnconv rebuilds from checkpoints use
-    :func:`transform_checkpoint`, whose result saves and loads as a model of its own.
+    ``transform_checkpoint``, whose result saves and loads as a model of its own.
     """
     names = select_layers(model, layers, example)
     transformed = _copy(model)
@@ -163,7 +163,7 @@ def transform_checkpoint(
     ``checkpoint`` (``architecture``, ``arguments``, ``model`` weights, ``dataset``; a checkpoint
     from ``load_checkpoint`` or a shipped model's): architecture ``"transformed"``, arguments
     that rebuild it, its weights, the same dataset, and ``preset`` (default: the original's).
-    ``content``: ``True``, ``False``, or a selection as ``layers`` takes one (:data:`LATE`,
+    ``content``: ``True``, ``False``, or a selection as ``layers`` takes one (``LATE``,
     patterns) of the transformed layers that get content attention. Query and key weights draw
     from torch's global generator."""
     from attnconv.models.checkpoint import rebuild

@@ -17,7 +17,7 @@ DECAY_EXEMPTIONS: tuple[str, ...] = ("original", "norms-biases-positional")
 
 
 def check_rule(rule: str) -> None:
-    """ValueError naming the rules unless ``rule`` is one of :data:`DECAY_EXEMPTIONS`."""
+    """ValueError naming the rules unless ``rule`` is one of ``DECAY_EXEMPTIONS``."""
     if rule not in DECAY_EXEMPTIONS:
         raise ValueError(f"decay_exempt must be one of {DECAY_EXEMPTIONS}, got {rule!r}")
 

@@ -102,7 +102,7 @@ def pack_weights(safetensors_bytes: bytes) -> bytes:
 
 
 def unpack_weights(packed: bytes) -> bytes:
-    """The safetensors bytes :func:`pack_weights` packed, exactly. ValueError (or
+    """The safetensors bytes [`pack_weights`][] packed, exactly. ValueError (or
     ``lzma.LZMAError``) for bytes that are not such a file."""
     return _regroup_tensor_bytes(lzma.decompress(packed, format=lzma.FORMAT_XZ), restore=True)
 
@@ -367,7 +367,7 @@ def pretrained_checkpoint(name: str, folder: str | Path = WEIGHTS_DIR) -> dict[s
 
 def load_init_checkpoint(spec: str) -> dict[str, Any]:
     """A checkpoint to start from: ``spec`` is a checkpoint file, or ``pretrained:NAME`` for a
-    model shipped with attnconv (:func:`pretrained_checkpoint`)."""
+    model shipped with attnconv ([`pretrained_checkpoint`][])."""
     from attnconv.models.checkpoint import load_checkpoint
 
     if spec.startswith(PRETRAINED_PREFIX):

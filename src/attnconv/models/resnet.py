@@ -97,7 +97,7 @@ class ResNet(nn.Module):
 
 def resnet18(num_classes: int = 10, **kwargs) -> ResNet:
     """The CIFAR ResNet-18 (BasicBlocks [2, 2, 2, 2], widths 64..512): 11.17M parameters for
-    10 classes. ``kwargs`` go to :class:`ResNet`."""
+    10 classes. ``kwargs`` go to [`ResNet`][]."""
     return ResNet(
         num_classes=num_classes, blocks=(2, 2, 2, 2), widths=(64, 128, 256, 512), **kwargs
     )

@@ -2,7 +2,7 @@
 
 The model a checkpoint of a transformed CNN holds (docs/transform.md): the base network, built
 as ``BASES[base](**base_arguments)``, with the ``Conv2d`` at each name of ``layers`` replaced by
-a :class:`~attnconv.attention.transformed.TransformedConv2d` of its shape. The checkpoint's
+a ``TransformedConv2d`` of its shape. The checkpoint's
 architecture is ``"transformed"`` and its arguments are this class's constructor arguments (plain
 values), so the model is rebuilt without the transform itself (``attnconv.convert.transform``
 makes it once, from a trained network, and chooses the spread). ``state_dict`` keys are the base
@@ -44,7 +44,7 @@ class TransformedNetwork(nn.Module):
     """``BASES[base](**base_arguments)`` with the convolutions named in ``layers`` transformed.
 
     Args:
-        base: a key of :data:`BASES` (an architecture of ``attnconv.models.MODELS``).
+        base: a key of ``BASES`` (an architecture of ``attnconv.models.MODELS``).
         base_arguments: every constructor argument of the base network.
         layers: qualified names of ``nn.Conv2d`` modules of the base network (e.g.
             ``"stages.3.0.conv1"``), each becoming a ``TransformedConv2d``.

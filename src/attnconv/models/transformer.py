@@ -26,7 +26,7 @@ from attnconv.models.normalize import Normalize, check_images, space_to_depth
 LAYER_NORM_EPS = 1e-12
 POSITIONAL = (*POSITIONAL_SCORES, None)
 WEIGHT_INITS: tuple[str, ...] = ("original", "bert", "fan_in")
-r"""How an :class:`ImageTransformer` starts
+r"""How an [`ImageTransformer`][] starts
 ([the mathematics, §4, "Initialisation"][initialisation]):
 
 * ``"original"``: as the paper's code ran (its image model never applies BERT's initialisation):
@@ -39,7 +39,7 @@ r"""How an :class:`ImageTransformer` starts
   tables as ``"bert"`` (attnconv's earlier choice for its small presets).
 
 ``ImageTransformer(positional_init=…)`` draws the learned tables another way than ``weight_init``
-implies (:data:`POSITIONAL_INITS`): ``weight_init="fan_in", positional_init="original"`` starts the
+implies ([`POSITIONAL_INITS`][]): ``weight_init="fan_in", positional_init="original"`` starts the
 Linear layers at $\mathcal N(0, 1/\text{fan\_in})$ and the tables and head keys as the paper's code
 did.
 
@@ -51,7 +51,7 @@ r"""How the positional scores start: the learned tables and head keys ``"origina
 ($\mathcal N(0, 0.02^2)$); the Gaussian heads at the paper's random centres under both, or
 ``"grid"``: on the taps of a $K \times K$ kernel, $K^2$ = ``heads``, as Theorem 1 builds a
 convolution (``attnconv.attention.positional.grid_centers``); see
-:class:`attnconv.MultiHeadSelfAttention2d`."""
+[`MultiHeadSelfAttention2d`][]."""
 _POSITIONAL_INIT = {"original": "original", "bert": "bert", "fan_in": "bert"}
 
 
@@ -137,14 +137,14 @@ class ImageTransformer(nn.Module):
         head_dim: per-head width; ``None`` means ``hidden`` (no value projection, as in the paper).
         mlp_dim: feed-forward width.
         positional, content, content_positional, position_term, max_size: the attention's
-            scores, see :class:`attnconv.MultiHeadSelfAttention2d`; ``max_size`` bounds the token
+            scores, see [`MultiHeadSelfAttention2d`][]; ``max_size`` bounds the token
             grid for ``"learned"``.
         dropout: dropout after the attention dense and after the feed-forward.
         attention_dropout: dropout on the attention probabilities.
-        weight_init: how the weights start, one of :data:`WEIGHT_INITS`: ``"original"`` (the paper's
+        weight_init: how the weights start, one of [`WEIGHT_INITS`][]: ``"original"`` (the paper's
             code: PyTorch's defaults, learned tables $\mathcal N(0, 1)$), ``"bert"``
             ($\mathcal N(0, 0.02^2)$) or ``"fan_in"`` ($\mathcal N(0, 1/\text{fan\_in})$).
-        positional_init: how the positional scores start, one of :data:`POSITIONAL_INITS`; ``None``
+        positional_init: how the positional scores start, one of [`POSITIONAL_INITS`][]; ``None``
             (default) follows ``weight_init`` (``"original"`` for ``"original"``, ``"bert"`` for the
             other two), which only the learned encoding's tables and keys depend on. ``"grid"``
             (Gaussian encodings only) starts every layer's heads on the taps of a $K \times K$

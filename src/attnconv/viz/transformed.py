@@ -265,7 +265,7 @@ def tap_mass(layer: LayerAttention) -> Tensor:
 def layer_measures(layer: LayerAttention) -> dict[str, float]:
     """One layer's ``attention_distance`` (mean over heads, input pixels),
     ``attention_distance_image`` (image pixels), ``uniform_distance`` (input pixels), and the
-    grid score of its taps: ``tap_score`` (``viz.grid.assign_taps`` on :func:`tap_mass`: 1 when
+    grid score of its taps: ``tap_score`` (``viz.grid.assign_taps`` on [`tap_mass`][]: 1 when
     every tap has a head with all its attention on it) and ``tap_coverage``; both NaN when no
     query has all its taps inside the input."""
     distance = float(attention_distance(layer).mean())
@@ -386,7 +386,7 @@ def transformed_contour_figure(
     """One panel per transformed layer, on its input grid: every head's mass contours
     (``contours.draw_head_contours``: concentrated regions only, head ``h`` in its colour, gid
     ``"layer{l}-head{h}-mass{m}"``) from the output pixel nearest image pixel ``pixel = (row,
-    col)`` (default: the image's centre; :meth:`LayerAttention.query_for_image_pixel`), the query
+    col)`` (default: the image's centre; ``LayerAttention.query_for_image_pixel``), the query
     marker (a black X) where that output pixel's query sits and each head's start tap (its kernel
     tap from the query) as a hollow square in its colour (gid ``"layer{l}-tap{h}"``).
     UserError if ``pixel`` lies outside the image."""
