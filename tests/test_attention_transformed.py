@@ -35,7 +35,10 @@ def reference(layer: TransformedConv2d, x: torch.Tensor, margin: int = 40) -> to
     probs = torch.softmax(-0.5 * spread[:, None, None] ** 2 * distance, dim=-1)
     attended = torch.einsum("hqk,bck->bchq", probs, grid.flatten(2))
     if layer.gate is not None:
-        gates = layer.gate + (layer.gate.clamp(0, 1) - layer.gate).detach()
+        if layer.gate_kind == "sigmoid":
+            gates = 1 / (1 + torch.exp(-layer.gate))
+        else:
+            gates = layer.gate + (layer.gate.clamp(0, 1) - layer.gate).detach()
         content = layer.content_probs(x)[:, layer.content_map()]  # (B, heads, N_out, N)
         content = torch.einsum("bhqk,bck->bchq", content, x.flatten(2))
         attended = attended + gates[None, None, :, None] * (content - attended)
@@ -67,12 +70,14 @@ CONFIGS = [
 ]
 
 
-def make(config, seed: int = 0) -> tuple[nn.Conv2d, TransformedConv2d]:
+def make(config, seed: int = 0, **start) -> tuple[nn.Conv2d, TransformedConv2d]:
     cin, cout, kernel, stride, padding, dilation, groups, mode, spread, maps = config
     torch.manual_seed(seed)
     conv = nn.Conv2d(cin, cout, kernel, stride, padding, dilation, groups, padding_mode=mode)
     conv = conv.double()
-    layer = TransformedConv2d.from_conv(conv, spread=spread, content=True, content_heads=maps)
+    layer = TransformedConv2d.from_conv(
+        conv, spread=spread, content=True, content_heads=maps, **start
+    )
     return conv, layer
 
 
@@ -258,3 +263,145 @@ def test_attention_maps_are_the_reference_weights_on_the_image(config):
     assert (maps >= 0).all() and (maps.sum(-1) <= 1 + 1e-12).all()
     geometry = layer.head_geometry()
     assert torch.equal(geometry["gates"], layer.gate.clamp(0, 1))
+
+
+@pytest.mark.parametrize("config", CONFIGS[:4])
+def test_sigmoid_gates_and_mimetic_keys_exact_against_dense_reference(config):
+    conv, layer = make(config, gate="sigmoid", opening=0.3, qk_init="mimetic")
+    with torch.no_grad():
+        layer.gate.add_(torch.randn_like(layer.gate))
+    x = torch.randn(2, conv.in_channels, 9, 8, dtype=F64, requires_grad=True)
+    out, ref = layer(x), reference(layer, x)
+    assert (out - ref).abs().max() <= 1e-12 * ref.abs().max()
+    weights = torch.randn_like(ref)
+    params = [x, *layer.parameters()]
+    grads = torch.autograd.grad((out * weights).sum(), params)
+    expected = torch.autograd.grad((ref * weights).sum(), params)
+    for got, want in zip(grads, expected, strict=True):
+        assert (got - want).abs().max() <= 1e-10 * want.abs().max() + 1e-14
+
+
+def _qk_gradient(layer: TransformedConv2d, x: torch.Tensor) -> float:
+    """The norm of the queries' and keys' gradient after one backward on a fixed batch."""
+    layer.zero_grad()
+    out = layer(x)
+    (out * torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view_as(out)).sum().backward()
+    return float(sum(p.grad.norm() for p in (*layer.query.parameters(), *layer.key.parameters())))
+
+
+@pytest.mark.parametrize(
+    "start",
+    [
+        {"gate": "sigmoid", "opening": 0.25},
+        {"gate": "sigmoid", "opening": 0.25, "qk_init": "mimetic"},
+        {"gate": "clamp", "opening": 0.1},
+        {"gate": "clamp", "opening": 0.1, "qk_init": "mimetic"},
+    ],
+)
+def test_every_open_start_trains_queries_and_keys_from_the_first_step(start):
+    _, layer = make(CONFIGS[0], **start)
+    x = torch.randn(2, 6, 7, 7, dtype=F64)
+    assert _qk_gradient(layer, x) > 1e-3
+    expected = start["opening"]
+    assert torch.allclose(layer.content_gates(), torch.full((9,), expected, dtype=F64))
+
+
+def test_the_first_form_passes_no_gradient_to_queries_and_keys():
+    """Clamped gates at 0 (the first form): exactly zero q/k gradient, and a gate pushed below 0
+    keeps it at zero: the defect that left tcnn-fashion-small's content maps uniform."""
+    _, layer = make(CONFIGS[0])
+    x = torch.randn(2, 6, 7, 7, dtype=F64)
+    assert _qk_gradient(layer, x) == 0.0
+    with torch.no_grad():
+        layer.gate.fill_(-0.05)
+    assert _qk_gradient(layer, x) == 0.0
+    with torch.no_grad():
+        layer.gate.fill_(0.05)
+    assert _qk_gradient(layer, x) > 0.0
+
+
+def test_a_sigmoid_gate_is_the_logistic_of_its_parameter_and_never_shuts():
+    _, layer = make(CONFIGS[0], gate="sigmoid", opening=0.2)
+    assert torch.allclose(layer.gate, torch.full((9,), math.log(0.2 / 0.8), dtype=F64))
+    with torch.no_grad():
+        layer.gate.copy_(torch.linspace(-30, 30, 9, dtype=F64))
+    gates = layer.content_gates().detach()
+    assert torch.allclose(gates, 1 / (1 + torch.exp(-layer.gate.detach())))
+    assert float(gates.min()) > 0.0
+
+
+def test_mimetic_queries_and_keys_are_one_scaled_orthonormal_projection():
+    _, layer = make(CONFIGS[0], qk_init="mimetic", opening=0.0)  # 6 -> 4-wide maps
+    wq, wk = layer.query.weight, layer.key.weight
+    start = wq.detach().clone()
+    assert torch.equal(wq, wk) and layer.query.bias.abs().max() == 0
+    # drawn when the layer is built in float32, then cast: orthonormal to float32 rounding
+    assert torch.allclose(wq @ wq.T, torch.eye(layer.qk_dim, dtype=F64), atol=1e-6)
+    x = torch.rand(3, 6, 7, 7, dtype=F64)
+    gain = layer.calibrate_mimetic(x, logit_std=2.0)
+    assert gain > 0 and torch.allclose(layer.query.weight, gain * start)
+    with torch.no_grad():
+        logits, probs = layer._content_logits(x), layer.content_probs(x)
+    assert abs(float(logits.std(dim=-1).mean()) - 2.0) < 1e-9
+    # the calibrated map prefers some pixels: far from uniform (entropy ÷ log N = 1)
+    entropy = -(probs * probs.log()).sum(-1).mean() / math.log(49)
+    assert float(entropy) < 0.9
+
+
+def test_bad_content_starts_say_what_was_expected():
+    for start, message in (
+        ({"gate": "relu"}, "gate must be one of clamp, sigmoid"),
+        ({"qk_init": "xavier"}, "qk_init must be one of default, mimetic"),
+        ({"gate": "sigmoid", "opening": 0.0}, r"sigmoid gate's opening must be in \(0, 1\)"),
+        ({"gate": "clamp", "opening": 1.5}, r"opening must be in \[0, 1\]"),
+        ({"opening": float("nan")}, r"opening must be in \[0, 1\]"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            make(CONFIGS[0], **start)
+
+
+@pytest.mark.parametrize("spread", [1e-5, 1e-2, 0.3, 0.99, 1.0, 2.5, 40.0])
+@pytest.mark.parametrize("center", [0.0, 0.37, -2.5, 7.9])
+def test_the_normaliser_is_the_sum_over_every_integer_offset(spread, center):
+    from attnconv.attention.transformed import axis_log_normaliser
+
+    c = torch.tensor([center], dtype=F64, requires_grad=True)
+    s = torch.tensor([spread], dtype=F64, requires_grad=True)
+    radius = int(40 / spread) + 20
+    n = torch.arange(-radius, radius + 1, dtype=F64)
+    brute = torch.logsumexp(-0.5 * s**2 * (n - c) ** 2, dim=0)
+    got = axis_log_normaliser(c, s)[0]
+    assert abs(float(got - brute)) <= 1e-13 * max(1.0, abs(float(brute)))
+    grads = torch.autograd.grad(got, (c, s))
+    want = torch.autograd.grad(brute, (c, s))
+    for g, w in zip(grads, want, strict=True):
+        assert abs(float(g - w)) <= 1e-9 * max(1.0, abs(float(w)))
+
+
+@pytest.mark.parametrize("spread", [1e-5, 1e-3, 0.05])
+def test_a_tiny_spread_keeps_the_kernel_within_the_input_and_exact(spread):
+    """As training drives a spread towards zero the kernel spans at most the offsets that reach
+    the input (it grew without limit before), and each head's weights are the Gaussian over every
+    integer offset, normalised exactly (a float64 sum over +-40/spread offsets by hand)."""
+    conv = nn.Conv2d(3, 2, 3, padding=1).double()
+    layer = TransformedConv2d.from_conv(conv, spread=spread, content=False)
+    spread = float(layer.position.spread[0])  # as float32 rounded it (the kernel scales with it)
+    height, width = 6, 5
+    kernel, (first_row, first_col) = layer.positional_kernel(height, width, F64)
+    assert kernel.shape[2] <= 2 * (height + 2) and kernel.shape[3] <= 2 * (width + 2)
+    radius = int(40 / spread) + 20
+    n = torch.arange(-radius, radius + 1, dtype=F64)
+    centers = layer.position.centers.detach()
+    expected = torch.zeros_like(kernel)
+    rows = torch.arange(first_row, first_row + kernel.shape[2], dtype=F64)
+    cols = torch.arange(first_col, first_col + kernel.shape[3], dtype=F64)
+    taps = conv.weight.detach().reshape(2, 3, 9)
+    for h in range(9):
+        axes = []
+        for axis, offsets in ((0, rows), (1, cols)):
+            z = torch.exp(-0.5 * spread**2 * (n - centers[h, axis]) ** 2).sum()
+            axes.append(torch.exp(-0.5 * spread**2 * (offsets - centers[h, axis]) ** 2) / z)
+        expected += taps[:, :, h, None, None] * axes[0][:, None] * axes[1][None, :]
+    assert (kernel - expected).abs().max() <= 1e-12 * expected.abs().max()
+    x = torch.randn(2, 3, height, width, dtype=F64)
+    assert layer(x).shape == (2, 2, height, width)

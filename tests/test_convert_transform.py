@@ -12,10 +12,13 @@ import attnconv
 from attnconv.attention.transformed import TransformedConv2d
 from attnconv.convert import (
     ConversionError,
+    calibrate_content,
+    choose_opening,
     choose_spread,
     select_layers,
     transform,
     transform_checkpoint,
+    untransformed_layers,
 )
 from attnconv.models import create_model
 from attnconv.models.checkpoint import build_model, load_model, save_checkpoint
@@ -162,8 +165,10 @@ def test_refuses_what_the_construction_does_not_cover():
             return super().forward(x) + 1
 
     model = nn.Sequential(Shifted(2, 2, 3, padding=1), nn.Conv2d(2, 2, 3, padding=1))
-    with pytest.raises(ConversionError, match="cannot transform 0: Shifted overrides forward"):
+    with pytest.raises(ConversionError, match="cannot transform 0: Shifted overrides forward") as err:
         transform(model, ["0"])
+    assert "pass rules=" not in str(err.value)  # transform takes no rules: it says what to do
+    assert "leave it out with a layer pattern" in str(err.value)
     hooked = nn.Sequential(nn.Conv2d(2, 2, 3, padding=1))
     hooked[0].register_forward_hook(lambda *_: None)
     with pytest.raises(ConversionError, match="forward hooks"):
@@ -263,3 +268,105 @@ def test_attention_lr_scale_multiplies_only_the_parameters_the_transform_added()
             assert inside == {group["lr_scale"] != 1.0} or scale == 1.0
             if scale != 1.0:
                 assert group["lr_scale"] == (scale if inside == {True} else 1.0)
+
+
+def test_a_convolution_used_in_two_places_is_one_transformed_layer_at_both():
+    """``Sequential(c, ReLU(), c)``: both calls become the same transformed layer (the tie
+    holds: 148 kernel parameters once, not a second plain copy), and the network is the blurred
+    convolution applied twice."""
+    torch.manual_seed(0)
+    conv = nn.Conv2d(4, 4, 3, padding=1).double()
+    model = nn.Sequential(conv, nn.ReLU(), conv)
+    transformed = transform(model, "spatial", spread=3.0, content=False)
+    assert transformed[0] is transformed[2] and isinstance(transformed[0], TransformedConv2d)
+    added = 9 * 3  # centres (9, 2) and spreads (9,)
+    assert sum(p.numel() for p in transformed.parameters()) == 148 + added
+    x = torch.randn(2, 4, 6, 6, dtype=F64)
+    layer = transformed[0]
+    with torch.no_grad():
+        assert torch.equal(transformed(x), layer(torch.relu(layer(x))))
+    assert untransformed_layers(transformed) == []
+
+
+def test_untransformed_layers_says_which_convolutions_were_left_and_why():
+    cnn, _ = small_cnn()
+    model = transform(cnn, spread=3.0)
+    left = {entry.name: entry.reason for entry in untransformed_layers(model)}
+    transformed = set(model_layers := [n for n, m in model.named_modules()
+                                       if isinstance(m, TransformedConv2d)])  # fmt: skip
+    assert set(model_layers) == set(TCNN_FASHION_LAYERS) and not transformed & set(left)
+    assert left["conv1"] == "not selected"
+    assert left["stages.1.0.shortcut.0"] == "1x1: mixes channels per pixel"
+    convs = {n for n, m in cnn.named_modules() if isinstance(m, nn.Conv2d)}
+    assert set(left) == convs - set(TCNN_FASHION_LAYERS)
+
+
+def test_content_start_options_reach_every_layer_and_round_trip(tmp_path):
+    _, checkpoint = small_cnn()
+    images = torch.rand(6, 1, 16, 16)
+    transformed = transform_checkpoint(
+        checkpoint, spread=3.0, gate="sigmoid", opening=0.25, qk_init="mimetic",
+        content_weight_decay=False, images=images,
+    )  # fmt: skip
+    arguments = transformed["arguments"]
+    assert (arguments["gate"], arguments["opening"], arguments["qk_init"]) == (
+        "sigmoid", 0.25, "mimetic"
+    )
+    assert arguments["content_weight_decay"] is False
+    model = build_model(transformed)
+    for layer in model.transformed_layers().values():
+        assert torch.allclose(layer.content_gates().detach(), torch.full((9,), 0.25))
+        assert torch.equal(layer.query.weight, layer.key.weight)
+    exempt = model.no_weight_decay_parameters("original")
+    for suffix in ("query.weight", "query.bias", "key.weight", "key.bias", "gate"):
+        assert f"network.stages.3.1.conv2.{suffix}" in exempt
+    path = tmp_path / "t.pt"
+    save_checkpoint(transformed, path)
+    loaded, _ = load_model(path)
+    x = torch.rand(4, 1, 16, 16)
+    with torch.no_grad():
+        assert torch.equal(loaded(x), model.eval()(x))
+    first = build_model(transform_checkpoint(checkpoint, spread=3.0))  # the first form's
+    first_exempt = first.no_weight_decay_parameters("original")
+    assert "network.stages.3.1.conv2.query.weight" not in first_exempt
+    for layer in first.transformed_layers().values():
+        assert layer.gate_kind == "clamp" and float(layer.content_gates().detach().abs().max()) == 0
+
+
+def test_calibrate_content_gives_the_content_logits_the_asked_spread():
+    cnn, _ = small_cnn()
+    model = transform(cnn, spread=3.0, gate="sigmoid", opening=0.2, qk_init="mimetic").float()
+    images = torch.rand(5, 1, 16, 16)
+    inputs = {}
+    for name, layer in model.named_modules():
+        if isinstance(layer, TransformedConv2d):
+            layer.register_forward_pre_hook(
+                lambda _m, args, name=name: inputs.__setitem__(name, args[0])
+            )
+    model.train()
+    stats = {k: v.clone() for k, v in model.state_dict().items() if "running" in k}
+    gains = calibrate_content(model, images, logit_std=1.5)
+    assert set(gains) == set(TCNN_FASHION_LAYERS) and all(g > 0 for g in gains.values())
+    assert model.training  # the mode is put back, and the batch norms ran in eval mode
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in stats.items())
+    with torch.no_grad():
+        model.eval()(images)
+        for name, layer in model.named_modules():
+            if isinstance(layer, TransformedConv2d):
+                std = layer._content_logits(inputs[name]).double().std(dim=-1).mean()
+                assert abs(float(std) - 1.5) < 1e-3, name
+
+
+def test_choose_opening_takes_the_largest_that_keeps_the_accuracy():
+    curve = {0.5: 80.0, 0.35: 91.0, 0.25: 92.95, 0.1: 93.0}
+    tried = []
+
+    def accuracy(opening):
+        tried.append(opening)
+        return curve[opening]
+
+    opening, measured = choose_opening(accuracy, 93.0, 0.1, candidates=[0.1, 0.5, 0.25, 0.35])
+    assert opening == 0.25 and tried == [0.5, 0.35, 0.25]
+    assert measured == {0.5: 80.0, 0.35: 91.0, 0.25: 92.95}
+    with pytest.raises(ValueError, match=r"opening 0.35: 91\.00%"):
+        choose_opening(accuracy, 93.0, 0.1, candidates=[0.5, 0.35])

@@ -9,7 +9,9 @@
   [`border_mass`][] says where the layer differs from it.
 * ``transform`` (and ``transform_checkpoint``) recasts a network's convolutions as
   attention that keeps learning (T-CNN): Gaussian heads on the taps with a finite, trainable
-  spread and gated content attention; ``choose_spread`` picks the spread.
+  spread and gated content attention; ``choose_spread`` picks the spread,
+  ``choose_opening`` the gates' opening, ``calibrate_content`` scales mimetic queries and
+  keys, ``untransformed_layers`` lists the convolutions left.
 """
 
 from attnconv.convert.inverse import (
@@ -43,17 +45,26 @@ from attnconv.convert.theorem import (
     conv_to_attention,
 )
 from attnconv.convert.transform import (
+    CONTENT_START,
+    FIRST_FORM,
     LATE,
+    OPENING_CANDIDATES,
     SPATIAL,
     SPREAD_CANDIDATES,
+    calibrate_content,
+    choose_opening,
     choose_spread,
     select_layers,
     transform,
     transform_checkpoint,
+    untransformed_layers,
 )
 
 __all__ = [
+    "CONTENT_START",
+    "FIRST_FORM",
     "LATE",
+    "OPENING_CANDIDATES",
     "PROBE_TOLERANCE",
     "SPATIAL",
     "SPREAD_CANDIDATES",
@@ -67,6 +78,8 @@ __all__ = [
     "Standardize",
     "attention_to_conv",
     "border_mass",
+    "calibrate_content",
+    "choose_opening",
     "choose_spread",
     "conv_to_attention",
     "conversion_summary",
@@ -84,4 +97,5 @@ __all__ = [
     "standardized_weight",
     "transform",
     "transform_checkpoint",
+    "untransformed_layers",
 ]
