@@ -145,16 +145,22 @@ class Requests:
 
 
 @pytest.fixture(scope="module")
-def pages(tmp_path_factory) -> dict[str, dict]:
-    """Every page of the site built with ``mkdocs build --strict``: what it requested outside the
-    site (``outside``), local files it could not load (``missing``) and ``MEASURE``'s result."""
-    site = tmp_path_factory.mktemp("docs") / "site"
+def site(tmp_path_factory) -> Path:
+    """The site, built with ``mkdocs build --strict``."""
+    built = tmp_path_factory.mktemp("docs") / "site"
     subprocess.run(
-        [sys.executable, "-m", "mkdocs", "build", "--strict", "-q", "--site-dir", str(site)],
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "-q", "--site-dir", str(built)],
         cwd=ROOT,
         check=True,
         env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
     )
+    return built
+
+
+@pytest.fixture(scope="module")
+def pages(site) -> dict[str, dict]:
+    """Every page of the site: what it requested outside the site (``outside``), local files it
+    could not load (``missing``) and ``MEASURE``'s result."""
     names = sorted(
         str(html.parent.relative_to(site)) if html.parent != site else "index"
         for html in site.rglob("index.html")
@@ -273,6 +279,23 @@ def test_code_is_readable_in_the_light_and_the_dark_colour_scheme(pages) -> None
                 seen[scheme].add(token["token"])
     for scheme, tokens in seen.items():
         assert {"c1", "mi", "k"} <= tokens, scheme  # comments, numbers and keywords were measured
+
+
+def test_search_from_files_says_it_needs_a_web_server(site) -> None:
+    """From file:// the browser cannot read the search index: the search page says so in place
+    of "Searching..." (which would stay for ever), and so does every page's search box."""
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        page = browser.new_page()
+        page.goto((site / "search.html").as_uri() + "?q=theorem", wait_until="load")
+        results = page.locator("#mkdocs-search-results").inner_text()
+        page.goto((site / "index.html").as_uri(), wait_until="load")
+        box = page.locator('div[role="search"] input[name="q"]')
+        placeholder, title = box.get_attribute("placeholder"), box.get_attribute("title")
+        browser.close()
+    assert "Searching" not in results
+    assert "mkdocs serve" in results and "python -m http.server" in results
+    assert placeholder == "Search needs a web server" and "mkdocs serve" in title
 
 
 def test_lists_are_lists(pages) -> None:
