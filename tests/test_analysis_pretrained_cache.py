@@ -106,6 +106,27 @@ def test_timm_pretrained_neither_cached_nor_downloadable_is_one_line(tmp_path):
     )
 
 
+def test_timm_pretrained_with_the_hub_unreachable_is_one_line_at_once(tmp_path):
+    """Not offline, not cached, and the hub's address refuses connections (a closed local port):
+    one request finds it, and one line names the address and HF_HUB_OFFLINE=1, without the hub
+    client's retries (each would print a line to stderr)."""
+    env = {k: v for k, v in offline_env(tmp_path).items() if k != "HF_HUB_OFFLINE"}
+    env["HF_ENDPOINT"] = endpoint = "http://127.0.0.1:9"  # the discard port: nothing listens
+    result = run_analyze([f"timm:{TIMM}", "--pretrained", "--out", str(tmp_path / "out")], env)
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1, result.stderr
+    assert result.stderr.startswith(
+        f"attnconv analyze: error: timm:{TIMM}: its pretrained weights (Hugging Face hub {HUB_ID}) "
+        f"are not in the cache {tmp_path / 'hf' / 'hub'} and could not be downloaded ({endpoint} "
+        "cannot be reached: "
+    )
+    assert result.stderr.endswith(
+        "; fetch them on a machine that can, or give --weights FILE (offline, HF_HUB_OFFLINE=1 "
+        "reads the cache without trying the hub)\n"
+    )
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.fixture
 def no_network(monkeypatch):
     """torch.hub's download fails as it does without a network (and is counted)."""

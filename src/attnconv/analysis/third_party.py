@@ -9,10 +9,14 @@ Weights come from a local file (safetensors, or a ``torch.save``d state dict, op
 **Pretrained weights as the libraries keep them.** timm's come through
 ``timm.create_model(name, pretrained=True)``: the Hugging Face hub cache (``HF_HOME``/``hub``, or
 ``HF_HUB_CACHE``), downloaded into it where the machine can reach the hub, read from it alone
-under ``HF_HUB_OFFLINE=1``; ``NAME.TAG`` picks one of a model's pretrained tags. torchvision's are
-its ``DEFAULT`` weights enum (``torchvision.models.get_model_weights(name).DEFAULT``), read by its
-own ``get_state_dict`` from ``TORCH_HOME``/``hub/checkpoints``, downloaded there when missing.
-When neither the cache nor the network has them, one line says where they were looked for.
+under ``HF_HUB_OFFLINE=1``; ``NAME.TAG`` picks one of a model's pretrained tags. A model the cache
+does not hold is downloaded only after one request finds that the hub answers (within
+``HUB_PROBE_TIMEOUT``): the hub's client retries an unreachable hub with back-off, about a minute
+of waiting before its error. torchvision's are its ``DEFAULT`` weights enum
+(``torchvision.models.get_model_weights(name).DEFAULT``), read by its own ``get_state_dict`` from
+``TORCH_HOME``/``hub/checkpoints``, downloaded there when missing. When neither the cache nor the
+network has them, one line says where they were looked for (and, for the hub, names
+``HF_HUB_OFFLINE=1``).
 
 **torchvision next to a CPU torch.** PyPI's torchvision wheel for Linux is built against PyPI's
 CUDA torch. Beside the CPU torch that attnconv installs, its compiled extension (``_C``: detection
@@ -32,7 +36,9 @@ from __future__ import annotations
 import importlib.machinery
 import importlib.util
 import sys
+import urllib.error
 import urllib.parse
+import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,6 +59,9 @@ TORCHVISION_SCHEMAS: dict[str, str] = {
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 INSTALL_HINT = "install the dev extra (pip install -e '.[dev]') or timm and torchvision"
+# Seconds the one request that checks whether the Hugging Face hub answers may take.
+HUB_PROBE_TIMEOUT = 5.0
+OFFLINE_HINT = "offline, HF_HUB_OFFLINE=1 reads the cache without trying the hub"
 
 
 def _extension_loads(package_dir: Path) -> bool:
@@ -212,12 +221,36 @@ def _first_line(err: BaseException) -> str:
     return text.splitlines()[0] if text else type(err).__name__
 
 
-def _not_cached(spec: str, source: str, cache: Path | str, reason: str) -> UserError:
+def _not_cached(
+    spec: str, source: str, cache: Path | str, reason: str, hint: str | None = None
+) -> UserError:
     """The one line for pretrained weights that neither the cache nor the network has."""
     return UserError(
         f"{spec}: its pretrained weights ({source}) are not in the cache {cache} and could not be "
         f"downloaded ({reason}); fetch them on a machine that can, or give --weights FILE"
+        + (f" ({hint})" if hint else "")
     )
+
+
+def _hub_cached(cache: Path | str, repo_id: str) -> bool:
+    """Whether the hub cache ``cache`` holds a snapshot of ``repo_id`` (``REPO@REVISION`` allowed)."""
+    folder = Path(cache) / f"models--{repo_id.partition('@')[0].replace('/', '--')}" / "snapshots"
+    return folder.is_dir() and any(path.is_file() for path in folder.rglob("*"))
+
+
+def _unreachable(endpoint: str) -> str | None:
+    """Why ``endpoint`` cannot be reached (one HEAD request, no retries), or None when it answers,
+    whatever the HTTP status."""
+    try:
+        request = urllib.request.Request(endpoint, method="HEAD")
+        urllib.request.urlopen(request, timeout=HUB_PROBE_TIMEOUT).close()
+    except urllib.error.HTTPError:
+        return None
+    except urllib.error.URLError as err:
+        return _first_line(err.reason) if isinstance(err.reason, BaseException) else str(err.reason)
+    except (OSError, ValueError) as err:  # a timeout, a malformed address
+        return _first_line(err)
+    return None
 
 
 def _timm_pretrained(timm: ModuleType, name: str, kwargs: dict[str, Any]) -> tuple[nn.Module, str]:
@@ -235,13 +268,19 @@ def _timm_pretrained(timm: ModuleType, name: str, kwargs: dict[str, Any]) -> tup
 
         source, cache = f"Hugging Face hub {config.hf_hub_id}", constants.HF_HUB_CACHE
         offline = constants.HF_HUB_OFFLINE
+        if not offline and not _hub_cached(cache, config.hf_hub_id):
+            unreachable = _unreachable(constants.ENDPOINT)
+            if unreachable is not None:
+                reason = f"{constants.ENDPOINT} cannot be reached: {unreachable}"
+                raise _not_cached(f"timm:{name}", source, cache, reason, OFFLINE_HINT)
     else:
         source, cache = config.url or config.file, Path(torch.hub.get_dir()) / "checkpoints"
     try:
         model = timm.create_model(name, pretrained=True, **kwargs)
     except OSError as err:  # the hub's LocalEntryNotFoundError, offline mode, HTTP and URL errors
         reason = "HF_HUB_OFFLINE is set" if offline else _first_line(err)
-        raise _not_cached(f"timm:{name}", source, cache, reason) from err
+        hint = OFFLINE_HINT if config.hf_hub_id and not offline else None
+        raise _not_cached(f"timm:{name}", source, cache, reason, hint) from err
     except SafetensorError as err:
         raise UserError(
             f"timm:{name}: the cached weights of {source} in {cache} are damaged "
