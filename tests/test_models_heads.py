@@ -268,7 +268,7 @@ def test_heads_command_on_a_transformed_network(tmp_path, capsys):
 
     path = tmp_path / "tcnn.pt"
     save_checkpoint(transformed_checkpoint(), path)
-    assert cli.main(["heads", str(path)]) == 0
+    assert cli.main(["heads", str(path), "--images", "0"]) == 0  # the geometry alone
     out = capsys.readouterr().out
     assert out.startswith(f"{path}: preset tcnn-fashion-small, epoch 3\n")
     lines = [line.split() for line in out.splitlines()]
@@ -284,7 +284,7 @@ def test_heads_command_on_a_transformed_network(tmp_path, capsys):
     mean_moved = sum(math.hypot(0.8, 0.05 * h) for h in range(9)) / 9
     assert float(layers[7][3]) == pytest.approx(mean_moved, abs=5e-4)
     assert float(layers[7][6]) == pytest.approx(0.4, abs=5e-4)  # mean gate
-    assert cli.main(["heads", str(path), "--min-spread", "0.1"]) == 2
+    assert cli.main(["heads", str(path), "--min-spread", "0.1", "--images", "0"]) == 2
     err = capsys.readouterr().err
     assert "--min-spread: for Gaussian attention models" in err and err.count("\n") == 1
 
@@ -294,7 +294,7 @@ def test_heads_command_on_the_transform_itself_says_every_head_is_on_its_tap(tmp
 
     path = tmp_path / "transformed.pt"
     save_checkpoint(transformed_checkpoint(moved=False), path)
-    assert cli.main(["heads", str(path)]) == 0
+    assert cli.main(["heads", str(path), "--images", "0"]) == 0
     lines = [line.split() for line in capsys.readouterr().out.splitlines()]
     heads = [cells for cells in lines if len(cells) == 10 and cells[0].isdigit()]
     assert {(cells[6], cells[7], cells[9]) for cells in heads} == {("0.000", "3.000", "0.000")}
@@ -342,3 +342,101 @@ def test_heads_command_thresholds_that_flag_nothing_or_everything_are_one_line(
     assert capsys.readouterr().err == (
         f"attnconv heads: error: {option} must be {expected}, got {float(value)}\n"
     )
+
+
+# ---------------------------------------------------------------------------- content attention
+
+
+def content_rows(out: str) -> dict[str, list[str]]:
+    """The per-layer rows of the content table of ``attnconv heads``' output, by module name."""
+    lines = out.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("Content attention on"))
+    rows = {}
+    for line in lines[start + 2 :]:
+        if line.startswith("every layer's"):
+            break
+        cells = line.split()
+        rows[cells[1]] = cells
+    return rows
+
+
+def test_heads_command_measures_the_content_attention_of_a_transformed_run(tmp_path, capsys):
+    """A run fine-tuned from a transformed checkpoint (its start, ``config.init``): the first
+    layer's queries zeroed (uniform content maps: entropy 1, nothing changes under the ablation,
+    query norm ×0), every key halved (×0.5), the second layer's queries ×1000 (maps far from
+    uniform)."""
+    from attnconv.analysis.content import content_diagnostics, labelled_test_images, run_start
+    from attnconv.convert import transform_checkpoint
+    from attnconv.models.checkpoint import build_model
+    from viz_helpers import TRANSFORMED_BASE
+
+    torch.manual_seed(0)
+    architecture, arguments = preset_arguments(
+        "resnet-fashion-small", **TRANSFORMED_BASE, image_size=(8, 8)
+    )
+    cnn = {"preset": "resnet-fashion-small", "dataset": "digits", "architecture": architecture,
+           "arguments": arguments,
+           "model": create_model("resnet-fashion-small", **arguments).state_dict()}  # fmt: skip
+    layers = ["stages.1.1.conv1", "stages.2.0.conv1"]  # 4x4 inputs: N = 16 keys
+    start = transform_checkpoint(cnn, layers, 3.0, preset="tcnn-fashion-small")
+    save_checkpoint(start, tmp_path / "transformed.pt")
+    model = build_model(start)
+    first, second = model.transformed_layers().values()
+    with torch.no_grad():
+        first.gate.copy_(0.1 * torch.arange(9.0))
+        second.gate.fill_(0.5)
+        first.query.weight.zero_()
+        first.query.bias.zero_()
+        second.query.weight.mul_(1000.0)
+        for layer in (first, second):
+            layer.key.weight.mul_(0.5)
+    checkpoint = {**start, "model": model.state_dict(), "epoch": 3,
+                  "config": {"seed": 0, "init": str(tmp_path / "transformed.pt")}}  # fmt: skip
+    save_checkpoint(checkpoint, tmp_path / "tuned.pt")
+
+    assert cli.main(["heads", str(tmp_path / "tuned.pt"), "--images", "100"]) == 0
+    captured = capsys.readouterr()
+    assert "measuring the content attention on 100 digits test images (4 passes" in captured.err
+    out = captured.out
+    assert f"now ÷ at the start (the run's start, {tmp_path / 'transformed.pt'})" in out
+    rows = content_rows(out)
+    assert list(rows) == [f"network.{name}" for name in layers]
+    a, b = rows.values()
+    assert a[2:10] == ["gated", "16", "1.000", "1.000", "1.000", "0.400", "0.000", "0.500"]
+    assert a[10:12] == ["0", "0.00"]  # a uniform map replaced by a uniform map changes nothing
+    assert b[2:4] == ["gated", "16"] and b[7:10] == ["0.500", "1000.000", "0.500"]
+    images, labels = labelled_test_images("digits", (8, 8), 100)
+    expected = content_diagnostics(build_model(checkpoint), images, labels,
+                                   run_start(checkpoint)[0])  # fmt: skip
+    for cells, layer in zip((a, b), expected.layers, strict=True):
+        assert float(cells[5]) == pytest.approx(sum(layer.entropy) / 9, abs=5e-4)
+        assert int(cells[10]) == layer.changed
+        assert cells[12] == f"{100 * layer.accuracy:.2f}%"
+    assert float(b[5]) < 0.9  # the second layer's maps are not uniform
+    assert (
+        f"every layer's content maps uniform at once: {expected.changed} of 100 predictions "
+        f"changed ({expected.changed:.2f}%), accuracy {100 * expected.ablated_accuracy:.2f}%"
+    ) in out
+    per_head = out.splitlines()[out.splitlines().index("entropy ÷ log N per head:") + 2 :]
+    assert per_head[0].split() == [f"network.{layers[0]}"] + ["1.000"] * 9
+
+
+def test_heads_command_on_a_content_model_without_gaussian_heads(tmp_path, capsys):
+    from viz_helpers import save_checkpoint as save_small
+    from viz_helpers import small_model
+
+    model, config = small_model("learned-content")
+    path = save_small(tmp_path / "lc.pt", model, "learned-content", config)
+    assert cli.main(["heads", str(path), "--images", "30"]) == 0
+    out = capsys.readouterr().out
+    assert "Content attention on 30 digits test images" in out
+    assert "(no run recorded in the checkpoint: its start is not known)" in out
+    rows = content_rows(out)
+    assert list(rows) == ["blocks.0.attention", "blocks.1.attention"]
+    assert all(cells[2:4] == ["added", "64"] and cells[7:10] == ["—"] * 3 for cells in rows.values())
+    assert cli.main(["heads", str(path), "--images", "0"]) == 2
+    assert "--images 0: this model has no Gaussian heads" in capsys.readouterr().err
+    assert cli.main(["heads", "--pretrained", "quadratic-fashion", "--images", "5"]) == 2
+    err = capsys.readouterr().err
+    assert "--images: for models with content attention; this ImageTransformer has none" in err
+    assert err.count("\n") == 1

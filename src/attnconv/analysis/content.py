@@ -191,7 +191,8 @@ class ContentDiagnostics:
     """``content_diagnostics``' result: ``layers`` (one ``LayerContent`` each, network order) on
     ``images`` test images; ``accuracy``, the model's own test accuracy (a fraction, None without
     labels); ``changed`` and ``ablated_accuracy``, the same with every layer's content maps
-    uniform at once; ``start``, what the query and key norms are compared with (None: nothing)."""
+    uniform at once; ``start``, what the query and key norms are compared with, or why with
+    nothing (None: not said)."""
 
     images: int
     accuracy: float | None
@@ -338,7 +339,7 @@ def content_diagnostics(
 
     ``start``: the model as it started (``run_start``, ``pretrained_start``; None: not known),
     whose layers of the same names give the query and key norms at the start; ``start_note`` says
-    what it is. Runs ``2 + L`` passes over the images for ``L`` layers with content attention
+    what it is (or why there is none). Runs ``2 + L`` passes over the images for ``L`` layers with content attention
     (the clean one, one per layer ablated, all at once), ``batch_size`` images a forward. UserError
     if the model has no content attention.
     """
@@ -385,8 +386,32 @@ def content_diagnostics(
         layers=results,
         changed=int((ablated != predictions).sum()),
         ablated_accuracy=_share(ablated, labels),
-        start=start_note if start is not None else None,
+        start=start_note,
     )
+
+
+def labelled_test_images(
+    dataset: str,
+    image_size: Sequence[int],
+    count: int | None = None,
+    data_dir: str | None = None,
+) -> tuple[Tensor, Tensor]:
+    """The first ``count`` (None: all) test images of ``dataset`` as floats ``(B, C, H, W)`` in
+    ``[0, 1]`` and their labels ``(B,)``. UserError if its images are not ``image_size`` (the
+    model's input) or it has fewer than ``count``."""
+    from attnconv.data import load_splits
+
+    test = load_splits(dataset, data_dir=data_dir, val_size=0).test
+    size = tuple(int(s) for s in image_size)
+    if tuple(test.images.shape[2:]) != size:
+        raise UserError(
+            f"the {dataset} test images are {test.images.shape[2]}x{test.images.shape[3]}, the "
+            f"model takes {size[0]}x{size[1]}"
+        )
+    if count is not None and count > len(test.labels):
+        raise UserError(f"{dataset} has {len(test.labels)} test images, fewer than {count}")
+    count = len(test.labels) if count is None else count
+    return test.images[:count].float() / 255.0, test.labels[:count]
 
 
 # ------------------------------------------------------------------ the start of a model

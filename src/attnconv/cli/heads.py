@@ -1,6 +1,9 @@
 """``attnconv heads CHECKPOINT|RUN_DIR|--pretrained NAME``: every Gaussian head's centre, spread
 and condition number; for a transformed network (T-CNN), every head's start tap, centre, distance
-moved, spread and content gate, and each transformed layer's means."""
+moved, spread and content gate, and each transformed layer's means. For a model with content
+attention (transformed layers, ``learned-content-*``, the ViT), on its dataset's test images: each
+layer's content-map entropy ÷ log N per head, gates, query/key norms against the start and the
+uniform-content ablation (``attnconv.analysis.content``)."""
 
 from __future__ import annotations
 
@@ -35,22 +38,45 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"degenerate above this covariance condition number (default: {MAX_CONDITION:g}; "
         "not for transformed networks)",
     )
+    parser.add_argument(
+        "--images",
+        type=int,
+        metavar="N",
+        help="models with content attention: measure it on the first N test images of the "
+        "model's dataset (default: all of them; 0: leave it out)",
+    )
+    parser.add_argument(
+        "--data-dir", help="dataset folder for those test images (default: attnconv's)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
+    from attnconv.analysis.content import content_layers, labelled_test_images
     from attnconv.models.checkpoint import load_model
     from attnconv.models.heads import head_table
-    from attnconv.models.pretrained import checkpoint_or_pretrained, load_pretrained
+    from attnconv.models.pretrained import (
+        checkpoint_or_pretrained,
+        load_pretrained,
+        pretrained_info,
+    )
     from attnconv.models.transformed import TransformedNetwork
     from attnconv.runs import checkpoint_file
 
     if checkpoint_or_pretrained(args.checkpoint, args.pretrained) == "pretrained":
         model = load_pretrained(args.pretrained)
         source = f"{args.pretrained} (shipped weights)"
+        dataset, checkpoint = pretrained_info(args.pretrained).dataset, None
     else:
         path = checkpoint_file(args.checkpoint)
         model, checkpoint = load_model(path)
         source = f"{path}: preset {checkpoint['preset']}, epoch {checkpoint.get('epoch', '?')}"
+        dataset = checkpoint["dataset"]
+    measure = _content_to_measure(model, args)
+    if measure:  # read before anything is printed: a dataset that does not fit stops here
+        try:
+            test = labelled_test_images(dataset, model.image_size, args.images, args.data_dir)
+        except UserError as err:
+            raise UserError(f"{err} (--images 0 leaves the content diagnostics out)") from err
     if isinstance(model, TransformedNetwork):
         given = [
             flag
@@ -66,6 +92,25 @@ def run(args: argparse.Namespace) -> int:
             )
         print(source)
         print(transformed_text(model))
+        if measure:
+            print(content_text(model, dataset, test, args.pretrained, checkpoint))
+        return 0
+    if content_layers(model) and not any(layer.has_centers for layer in model.attention_layers()):
+        # content attention without Gaussian heads (learned-content, the ViT): no geometry
+        if not measure:
+            raise UserError(
+                "--images 0: this model has no Gaussian heads, and its content attention is "
+                "measured on test images; give N > 0 or leave --images out"
+            )
+        given = [f for f, v in (("--min-spread", args.min_spread),
+                                ("--max-condition", args.max_condition)) if v is not None]  # fmt: skip
+        if given:
+            raise UserError(
+                f"{' and '.join(given)}: for Gaussian attention models; this model has no "
+                f"Gaussian heads, leave {'it' if len(given) == 1 else 'them'} out"
+            )
+        print(source)
+        print(content_text(model, dataset, test, args.pretrained, checkpoint))
         return 0
     min_spread = MIN_SPREAD if args.min_spread is None else args.min_spread
     max_condition = MAX_CONDITION if args.max_condition is None else args.max_condition
@@ -102,7 +147,65 @@ def run(args: argparse.Namespace) -> int:
         f"{degenerate} of {len(rows)} heads degenerate (spread < {min_spread:g} or "
         f"condition number > {max_condition:g})"
     )
+    if measure:
+        print(content_text(model, dataset, test, args.pretrained, checkpoint))
     return 0
+
+
+def _content_to_measure(model: Any, args: argparse.Namespace) -> bool:
+    """Whether to measure ``model``'s content attention: it has some and ``--images`` is not 0.
+    UserError for ``--images`` or ``--data-dir`` where nothing would be measured."""
+    from attnconv.analysis.content import content_layers
+
+    if args.images is not None and args.images < 0:
+        raise UserError(f"--images must be >= 0 (0: no content diagnostics), got {args.images}")
+    has_content = bool(content_layers(model))
+    if not has_content:
+        given = [f for f, v in (("--images", args.images), ("--data-dir", args.data_dir))
+                 if v is not None]  # fmt: skip
+        if given:
+            raise UserError(
+                f"{' and '.join(given)}: for models with content attention; this "
+                f"{type(model).__name__} has none, leave {'it' if len(given) == 1 else 'them'} out"
+            )
+        return False
+    if args.images == 0 and args.data_dir is not None:
+        raise UserError("--data-dir is for the test images; --images 0 measures none")
+    return args.images != 0
+
+
+def content_text(
+    model: Any,
+    dataset: str,
+    test: tuple[Any, Any],
+    pretrained: str | None,
+    checkpoint: dict | None,
+) -> str:
+    """The content-attention diagnostics of ``model`` on ``test`` (images and labels of
+    ``dataset``'s test split) as text (``attnconv.analysis.content.format_content``), the query
+    and key norms against the start of the run ``checkpoint`` comes from, or of the shipped model
+    ``pretrained``."""
+    import sys
+
+    from attnconv.analysis.content import (
+        content_diagnostics,
+        content_layers,
+        format_content,
+        pretrained_start,
+        run_start,
+    )
+
+    images, labels = test
+    passes = len(content_layers(model)) + 2
+    print(
+        f"heads: measuring the content attention on {len(labels)} {dataset} test images "
+        f"({passes} passes: the model, each layer's content uniform, all at once)",
+        file=sys.stderr,
+        flush=True,
+    )
+    start, note = run_start(checkpoint) if pretrained is None else pretrained_start(pretrained)
+    diagnostics = content_diagnostics(model, images, labels, start, note)
+    return format_content(diagnostics, f"{dataset} test images")
 
 
 def _table(rows: list[dict[str, Any]], columns: list[tuple[str, str, str]]) -> list[str]:
