@@ -187,3 +187,14 @@ def test_distance_figure_dots_are_the_distances_and_dashes_the_uniform_ones(move
     for index, layer in enumerate(layers):
         (dash,) = [line for line in ax.lines if line.get_gid() == f"uniform-layer{index}"]
         assert dash.get_ydata()[0] == pytest.approx(uniform_distance(layer))
+    # each layer's mean is a dash of its own: the layers' pixels differ in size (a stride-2
+    # layer's input is twice as fine as the next one's), so no line joins the means
+    (means,) = [line for line in ax.lines if line.get_label() == "layer mean"]
+    assert means.get_linestyle() == "None"
+    expected_means = [float(attention_distance(layer).mean()) for layer in layers]
+    np.testing.assert_allclose(means.get_ydata(), expected_means, rtol=1e-6)
+    scales = {layer.pixel_scale for layer in layers}
+    assert len(scales) > 1  # the premise: 16x16 images, layers on 8x8 and 4x4 grids
+    ticks = [tick.get_text() for tick in ax.get_xticklabels()]
+    for tick, layer in zip(ticks, layers, strict=True):
+        assert tick.endswith(f"\n1 px = {layer.pixel_scale:.3g} image px"), tick

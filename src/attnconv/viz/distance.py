@@ -105,10 +105,15 @@ def uniform_distance(grid: tuple[int, int]) -> float:
 
 
 def _draw_distances(
-    ax: Any, distances: Sequence[Tensor], grid: tuple[int, int] | None, top: float
+    ax: Any,
+    distances: Sequence[Tensor],
+    grid: tuple[int, int] | None,
+    top: float,
+    join_means: bool = True,
 ) -> None:
-    """Onto ``ax``: a dot per head (in its colour) at its layer, the layer means as a black line,
-    the uniform distance of ``grid`` dashed (when given); y from 0 to ``top``."""
+    """Onto ``ax``: a dot per head (in its colour) at its layer, the layer means as a black line
+    (``join_means``; else as a black dash per layer, for layers whose distances are in different
+    units), the uniform distance of ``grid`` dashed (when given); y from 0 to ``top``."""
     layers = np.arange(len(distances))
     offsets = np.linspace(-0.25, 0.25, max(d.shape[0] for d in distances))
     labelled: set[int] = set()
@@ -132,6 +137,7 @@ def _draw_distances(
         marker="_",
         markersize=16,
         linewidth=1,
+        linestyle="-" if join_means else "none",
         label="layer mean",
         zorder=2,
     )

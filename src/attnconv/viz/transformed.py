@@ -341,14 +341,17 @@ def transformed_distance_figure(
     layers: Sequence[LayerAttention], title: str | None = None
 ) -> Figure:
     """Attention distance by depth: one dot per head (in its colour) at each transformed layer
-    (network order), in pixels of the layer's input, each layer's mean as a black line and the
-    distance of uniform attention over its input as a grey dash (gid ``"uniform-layer{l}"``)."""
+    (network order), in pixels of the layer's input, each layer's mean as a black dash and the
+    distance of uniform attention over its input as a grey dash (gid ``"uniform-layer{l}"``).
+    The layers' pixels differ in size (a stage's input grid is half the one before), so the
+    means are not joined by a line and each layer's label says how many image pixels its pixel
+    spans."""
     distances = [attention_distance(layer) for layer in layers]
     uniforms = [uniform_distance(layer) for layer in layers]
     fig = new_figure(2.5 + 0.9 * len(layers), 5.0)
     ax = fig.subplots()
     top = max(max(float(d.max()) for d in distances), *uniforms)
-    _draw_distances(ax, distances, None, top * 1.1 if top > 0 else 1.0)
+    _draw_distances(ax, distances, None, top * 1.1 if top > 0 else 1.0, join_means=False)
     for index, uniform in enumerate(uniforms):
         (dash,) = ax.plot(
             [index - 0.4, index + 0.4], [uniform] * 2, color="0.35", linestyle="--", linewidth=1,
@@ -357,7 +360,10 @@ def transformed_distance_figure(
         dash.set_gid(f"uniform-layer{index}")
     ax.set_xticks(
         range(len(layers)),
-        [_layer_label(i, layer.name) for i, layer in enumerate(layers)],
+        [
+            f"{_layer_label(i, layer.name)}\n1 px = {layer.pixel_scale:.3g} image px"
+            for i, layer in enumerate(layers)
+        ],
         rotation=30,
         ha="right",
         fontsize=7,
