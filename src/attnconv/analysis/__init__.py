@@ -3,7 +3,8 @@ models (``record_attention``), attention distance in patches and pixels, grid sc
 contours, attention rollout and the class token's view (``attention_rollout``,
 ``class_token_attention``), ``heads.csv`` and the explorer (``analyze``, the ``attnconv analyze``
 command); whether attnconv's own content attention is alive (``content_diagnostics``: entropy of
-the content maps, the uniform-content ablation, query/key norms against the start, gates).
+the content maps, the uniform-content ablation, query/key norms against the start, gates); two
+models on the same test images (``compare_checkpoints``, ``mcnemar``: McNemar's exact test).
 
 Names are loaded on first use, so importing ``attnconv.analysis`` does not import matplotlib.
 """
@@ -31,6 +32,10 @@ _EXPORTS = {
     "uniform_content": "content",
     "run_start": "content",
     "pretrained_start": "content",
+    "PairedComparison": "paired",
+    "compare_checkpoints": "paired",
+    "exact_binomial_p": "paired",
+    "mcnemar": "paired",
 }
 
 __all__ = sorted(_EXPORTS)
