@@ -8,12 +8,14 @@ import numpy as np
 import pytest
 import torch
 
+from attnconv.analysis import analyze
 from attnconv.analysis.measures import measure_patch_attention
-from attnconv.analysis.rollout import attention_rollout, own_model_views
+from attnconv.analysis.rollout import TokenViews, attention_rollout, own_model_views
 from attnconv.analysis.third_party import import_timm
 from attnconv.models import create_model
 from attnconv.viz.maps import FLOOR, compute_attention
 from attnconv.viz.rollout import (
+    ROLLOUT_LABEL,
     class_token_figure,
     colour_top,
     rollout_figure,
@@ -184,6 +186,9 @@ def test_figures_draw_the_maps_on_one_scale_with_a_floor():
         np.testing.assert_array_equal(ax.images[-1].get_array(), values.numpy())
         assert ax.images[-1].get_extent() == [-0.5, 31.5, 31.5, -0.5]  # 8x8 pixels per patch
         assert ax.images[-1].get_clim() == (0.0, FLOOR / 16)  # all below 1/16 < 4/16
+    # a rollout value is a share of a product of matrices' row, not one layer's probability
+    (bar,) = [ax for ax in fig.axes if ax.get_ylabel() == ROLLOUT_LABEL]
+    assert "probability" not in bar.get_ylabel()
     peaked = maps[0].clone()
     peaked[1, 2] = 0.9
     assert colour_top([peaked, maps[1]]) == pytest.approx(0.9)
@@ -202,3 +207,18 @@ def test_class_token_figure_leaves_out_layers_without_it():
         [[0.4, 0.1], [0.1, 0.1]],  # layer 2's mean of heads
     )
     assert drawn[0].images[0].get_clim() == (0.0, FLOOR / 4)  # 0.7 lies below 4/N = 1
+
+
+def test_the_rollout_figure_s_title_writes_the_product_in_words(tmp_path, monkeypatch):
+    """Matplotlib draws text as written: the title names the product in words and symbols that
+    show as they are (no "Â_L", whose underscore would be printed)."""
+    probs = [torch.softmax(torch.randn(1, 2, 4, 4), dim=-1) for _ in range(3)]
+    rollout = attention_rollout(probs)[0]
+    views = TokenViews(rollout, [rollout], None, [None], 0, 1)
+    drawn = []
+    monkeypatch.setattr(analyze, "save_figure", lambda fig, out, name: drawn.append(fig) or [])
+    analyze.token_view_figures(views, (2, 2), 1, None, None, "tiny", None, tmp_path)
+    (fig,) = drawn
+    title = " ".join(fig.get_suptitle().split())
+    assert "_" not in title
+    assert "R: the product of every layer's Â, the last layer's leftmost" in title

@@ -166,7 +166,8 @@ def token_view_figures(
         )
     title = (
         f"Attention rollout (Abnar & Zuidema 2020) of {source} through all layers, {name}. "
-        f"R = Â_L⋯Â_1 with Â = 0.5·(A averaged over heads) + 0.5·I, rows renormalised; "
+        "R: the product of every layer's Â, the last layer's leftmost, Â = 0.5·(A averaged "
+        "over heads) + 0.5·I with rows renormalised; "
         f"{shown_row}. Colour: one scale for all maps."
     )
     fig = rollout_figure(

@@ -284,13 +284,21 @@ def map_grid_figure(
     return fig
 
 
-def _colorbar(fig: Figure, axes: list, scale: str, shared: tuple[float, float], tokens: int):
-    """The colour bar beside the maps: probabilities on the shared scale with ``1/N`` marked, or
-    0 to "max" for per-map scales (their top at least ``FLOOR/N``)."""
+def _colorbar(
+    fig: Figure,
+    axes: list,
+    scale: str,
+    shared: tuple[float, float],
+    tokens: int,
+    label: str = "probability (all maps)",
+):
+    """The colour bar beside the maps: values (``label``: attention probabilities unless said)
+    on the shared scale with ``1/N`` marked, or 0 to "max" for per-map scales (their top at least
+    ``FLOOR/N``)."""
     if scale == "shared":
         mappable = ScalarMappable(Normalize(*shared), cmap=MAP_CMAP)
         bar = fig.colorbar(mappable, ax=axes, shrink=0.8, aspect=30, pad=0.01)
-        bar.set_label("probability (all maps)", fontsize=8)
+        bar.set_label(label, fontsize=8)
         uniform = 1 / tokens
         if uniform <= shared[1]:
             bar.ax.axhline(uniform, color="white", linewidth=1.5)

@@ -21,6 +21,9 @@ from attnconv.viz.style import MAP_CMAP, new_figure, panel_grid, wrap_text
 
 # Opacity of a map drawn over its image.
 OVERLAY_ALPHA = 0.65
+# What a rollout map's colours are: a row of a product of row-stochastic matrices, each entry the
+# share of the token's output that traces back to a patch (not one layer's attention probability).
+ROLLOUT_LABEL = "share of the token's rollout row (all maps)"
 
 
 def rollout_rows(
@@ -106,7 +109,8 @@ def rollout_figure(
 ) -> Figure:
     """One panel per rollout map ``(h, w)`` (``rollout_rows``), each over its image ``(C, H, W)``
     (None: the map alone, e.g. the mean over images), with its caption as the panel's title; one
-    colour scale for all of them (module docstring) and ``title`` above, wrapped to the width.
+    colour scale for all of them (module docstring), its bar labelled ``ROLLOUT_LABEL``, and
+    ``title`` above, wrapped to the width.
     ``query``: the patch whose rollout the maps are, outlined and left out of the colour scale
     (its own share, mostly the residual's, would make every other patch dark)"""
     if not maps or not len(maps) == len(images) == len(captions):
@@ -122,7 +126,7 @@ def rollout_figure(
     for ax, values, image, caption in zip(axes, maps, images, captions, strict=False):
         draw_overlay(ax, values, image, stem, vmax, tokens, query)
         ax.set_title(caption, fontsize=8)
-    _colorbar(fig, axes[: len(maps)], "shared", (0.0, vmax), tokens)
+    _colorbar(fig, axes[: len(maps)], "shared", (0.0, vmax), tokens, ROLLOUT_LABEL)
     fig.suptitle(wrap_text(title, fig, 9), fontsize=9)
     return fig
 
