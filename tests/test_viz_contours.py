@@ -332,7 +332,7 @@ def test_peaked_heads_are_drawn_and_lattice_or_diffuse_heads_named_instead():
     rule = " ".join(fig.get_suptitle().split())
     assert "Outlined: regions in one piece (tokens touching at an edge or corner)" in rule
     assert "Heads left out (diffuse, several spots) are named under each panel's title" in rule
-    assert rule.endswith("The maps show them.")
+    assert rule.endswith("2 of 4 heads are outlined; the maps show the others.")  # 0 and 3
     labels, _ = label_boxes(fig, ax)
     assert sorted(labels) == ["layer0-head0-label", "layer0-head3-label"]
     (title,) = [t for t in fig.texts if t.get_text() == fig.get_suptitle()]

@@ -164,8 +164,9 @@ def contour_figure(
     A head's ``m``-region is drawn only when a contour shows it well (``head_regions``):
     concentrated (``is_concentrated`` with ``max_area``; 1 / min(masses) lets every size through)
     and in one piece (``is_one_piece``). Each panel's title lists the heads with no region drawn
-    and why (diffuse, in several spots), and the figure says the rule and that the maps show
-    those heads. Every drawn head's number (``labels.place_head_labels``) sits at the peak of its
+    and why (diffuse, in several spots), and the figure says how many heads it outlines, the rule
+    and that the maps show the others (a model whose heads spread wide, as most content models'
+    do, gets a figure with few outlines that says why). Every drawn head's number (``labels.place_head_labels``) sits at the peak of its
     map, or near it without covering another number or the query token's marker (a black X).
     Each outline is a ``LineCollection`` with gid ``"layer{l}-head{h}-mass{m}"``.
     """
@@ -181,12 +182,14 @@ def contour_figure(
     fig = new_figure(3.4 * columns, 3.6 * rows + 1.2)
     axes = panel_axes(fig, len(per_layer))
     anchors: list[list[HeadAnchor]] = []
+    left_out = 0
     for layer, layer_maps in enumerate(per_layer):
         ax = axes[layer]
         layer_anchors, not_drawn = draw_head_contours(
             ax, layer_maps, query, masses, max_area, f"layer{layer}-"
         )
         anchors.append(layer_anchors)
+        left_out += sum(len(heads) for heads in not_drawn.values())
         ax.set_title("\n".join([f"layer {layer}", *not_drawn_lines(not_drawn)]), fontsize=9)
         ax.set_xlabel("column (token)", fontsize=8)
         ax.set_ylabel("row (token)", fontsize=8)
@@ -200,7 +203,9 @@ def contour_figure(
     )
     heading = title or f"Attention mass contours for query token {query} ({maps.description})"
     rule = rule_text(masses, max_area, "tokens", h * w)
-    fig.suptitle(wrap_text(f"{heading}\n{rule} The maps show them.", fig, 10), fontsize=10)
+    heads = sum(layer_maps.shape[0] for layer_maps in per_layer)
+    outlined = f"{heads - left_out} of {heads} heads are outlined; the maps show the others."
+    fig.suptitle(wrap_text(f"{heading}\n{rule} {outlined}", fig, 10), fontsize=10)
     marker = query_marker(query[1], query[0])
     label_panels(
         fig,
