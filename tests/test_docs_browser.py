@@ -74,12 +74,17 @@ MEASURE = """async () => {
   const lists = [...main.querySelectorAll('p')]
     .filter(p => /\\n\\s*[-*] \\S/.test(p.textContent))
     .map(p => p.textContent.slice(0, 60));
+  const images = [...main.querySelectorAll('img')].map(img => {
+    const link = img.closest('a');
+    return {src: img.src, link: link ? link.href : null};
+  });
   return {
     blocks,
     tables,
     past,
     links,
     lists,
+    images,
     formulas: main.querySelectorAll('.arithmatex').length,
     typeset: main.querySelectorAll('.arithmatex mjx-container svg').length,
     errors: main.querySelectorAll('mjx-container [data-mml-node="merror"]').length,
@@ -296,6 +301,14 @@ def test_search_from_files_says_it_needs_a_web_server(site) -> None:
     assert "Searching" not in results
     assert "mkdocs serve" in results and "python -m http.server" in results
     assert placeholder == "Search needs a web server" and "mkdocs serve" in title
+
+
+def test_every_figure_opens_full_size(pages) -> None:
+    """A wide figure is drawn at the text column's width: each is a link to its own file."""
+    figures = [image for page in pages.values() for image in page["images"]]
+    assert len(figures) >= 10
+    for image in figures:
+        assert image["link"] == image["src"], image
 
 
 def test_lists_are_lists(pages) -> None:
