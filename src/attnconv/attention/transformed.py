@@ -230,7 +230,8 @@ class TransformedConv2d(nn.Module):
             qk_dim = max(4, in_channels // (4 * content_heads))
         if content and (isinstance(qk_dim, bool) or not isinstance(qk_dim, int) or qk_dim < 1):
             raise ValueError(f"qk_dim must be a positive int, got {qk_dim!r}")
-        check_content_start(gate, opening, qk_init)
+        if content:
+            check_content_start(gate, opening, qk_init)
 
         self.in_channels, self.out_channels = in_channels, out_channels
         self.kernel_size, self.stride, self.dilation = kernel, stride, dilation

@@ -40,7 +40,9 @@ so attention over them is cheap, and they hold the most channels)."""
 SPREAD_CANDIDATES: tuple[float, ...] = (1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0, 6.0, 8.0)
 """Spreads ``choose_spread`` tries, smallest (most blurred, fastest to move) first."""
 
-OPENING_CANDIDATES: tuple[float, ...] = (0.5, 0.35, 0.25, 0.15, 0.1, 0.05, 0.02)
+OPENING_CANDIDATES: tuple[float, ...] = (
+    0.5, 0.35, 0.25, 0.15, 0.1, 0.05, 0.02, 0.01, 0.005, 0.002, 0.001
+)
 """Gate openings ``choose_opening`` tries, largest (most content, most gradient to the
 queries and keys) first."""
 
