@@ -255,7 +255,7 @@ def test_the_start_of_a_transformed_run_is_its_cnn_transformed_with_the_run_seed
 def test_format_content_shows_each_layer_and_head():
     images, pairs = two_token_images()
     result = content_diagnostics(TwoTokens(), images, torch.zeros(len(pairs), dtype=torch.long))
-    text = format_content(result, "hand-made images")
+    text = format_content(result, "12 hand-made images")
     lines = text.splitlines()
     assert lines[0].startswith("Content attention on 12 hand-made images (accuracy 100.00%).")
     assert "now ÷ at the start (not known)" in lines[0]

@@ -200,6 +200,7 @@ def test_a_transformed_checkpoint_gets_the_measures_of_its_transformed_layers(tm
     that apply, and an explorer page that `explore --add` puts beside a shipped model."""
     import math
 
+    from attnconv.analysis.content import content_diagnostics
     from attnconv.data import load_splits
     from attnconv.models.checkpoint import build_model, save_checkpoint
     from attnconv.viz.transformed import attention_distance, transformed_attention
@@ -216,6 +217,7 @@ def test_a_transformed_checkpoint_gets_the_measures_of_its_transformed_layers(tm
         f"analyze: loading the checkpoint {tmp_path / 'tcnn.pt'}",
         "analyze: computing the attention on 3 images (the first 3 digits test images), drawing "
         f"the figures and writing the tables into {out}",
+        "analyze: measuring the content attention on 3 images",
         f"analyze: writing the explorer page of 2 images into {out / 'explorer'}",
     ]
     printed = printed[printed.index(progress[-1]) + len(progress[-1]) + 1 :]
@@ -240,6 +242,23 @@ def test_a_transformed_checkpoint_gets_the_measures_of_its_transformed_layers(tm
     assert [row["tap_score"] for row in table[-3:]] == ["nan"] * 3  # 1×1 inputs: no interior
     site = read_data(out / "explorer" / "models" / "0" / "model.js")
     assert site["kind"] == "probabilities" and len(site["layer_grids"]) == 8
+    # the content diagnostics on the same 3 images: content.csv, the summary, the explorer
+    diagnostics = content_diagnostics(build_model(checkpoint), test.images[:3].float() / 255)
+    content = read_csv(out / "content.csv")
+    assert [row["name"] for row in content] == [layer.name for layer in layers]
+    assert [int(row["keys"]) for row in content] == [16, 4, 4, 4, 4, 1, 1, 1]  # 4x4 ... 1x1
+    for row, layer in zip(content, diagnostics.layers, strict=True):
+        assert row["kind"] == "gated" and float(row["gate_mean"]) == pytest.approx(0.4)
+        assert int(row["changed"]) == layer.changed and row["query_ratio"] == ""  # no start
+        finite = [e for e in layer.entropy if math.isfinite(e)]
+        expected = f"{min(finite)}" if finite else "nan"  # one key (1x1 input): no entropy
+        assert row["entropy_min"] == expected
+    assert len(read_csv(out / "content_heads.csv")) == 72
+    assert "Content attention on the first 3 digits test images." in printed
+    assert [layer["changed"] for layer in site["content"]["layers"]] == [
+        layer.changed for layer in diagnostics.layers
+    ]
+    assert site["content"]["layers"][-1]["entropy"] == [None] * 9
     beside = tmp_path / "site"
     folder = shipped_folder(tmp_path / "weights", ("quadratic-fashion",))
     args = ["--pretrained", "all", "--weights-dir", str(folder), "--add", str(out)]

@@ -139,6 +139,15 @@ def _set(key, value):
     return lambda entry: entry.__setitem__(key, value)
 
 
+# Content diagnostics (ContentDiagnostics.to_dict) whose one layer has a word for an entropy.
+BAD_ENTROPY = {
+    "images": 8,
+    "changed": 0,
+    "start": None,
+    "layers": [
+        {"name": "x", "kind": "gated", "keys": 4, "entropy": ["high"], "gates": None, "changed": 0}
+    ],
+}
 BROKEN_SITES = {
     "plain text": (lambda site: (site / "data.js").write_text("hello"), "data.js is not an "
                    "explorer data file (substring not found)"),
@@ -176,6 +185,14 @@ BROKEN_SITES = {
                    "layers, expected 100"),
     "unknown kind": (lambda site: edit_model(site, _set("kind", "other")),
                      "model.js: the model is of kind 'other', expected one of"),
+    "content changed past its images": (
+        lambda site: edit_model(site, _set("content", {"images": 8, "changed": 9, "layers": []})),
+        "model.js: the content diagnostics count 9 changed of 8 images",
+    ),
+    "content entropy not a number": (
+        lambda site: edit_model(site, _set("content", BAD_ENTROPY)),
+        "model.js: content layer 0's entropy is not a number (or null) per head",
+    ),
 }
 
 

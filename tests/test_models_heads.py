@@ -400,7 +400,7 @@ def test_heads_command_measures_the_content_attention_of_a_transformed_run(tmp_p
     out = captured.out
     assert f"now ÷ at the start (the run's start, {tmp_path / 'transformed.pt'})" in out
     rows = content_rows(out)
-    assert list(rows) == [f"network.{name}" for name in layers]
+    assert list(rows) == layers
     a, b = rows.values()
     assert a[2:10] == ["gated", "16", "1.000", "1.000", "1.000", "0.400", "0.000", "0.500"]
     assert a[10:12] == ["0", "0.00"]  # a uniform map replaced by a uniform map changes nothing
@@ -418,7 +418,7 @@ def test_heads_command_measures_the_content_attention_of_a_transformed_run(tmp_p
         f"changed ({expected.changed:.2f}%), accuracy {100 * expected.ablated_accuracy:.2f}%"
     ) in out
     per_head = out.splitlines()[out.splitlines().index("entropy ÷ log N per head:") + 2 :]
-    assert per_head[0].split() == [f"network.{layers[0]}"] + ["1.000"] * 9
+    assert per_head[0].split() == [layers[0]] + ["1.000"] * 9
 
 
 def test_heads_command_on_a_content_model_without_gaussian_heads(tmp_path, capsys):

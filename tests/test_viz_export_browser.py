@@ -838,6 +838,62 @@ def test_a_transformed_network_beside_a_shipped_model(browser, tmp_path):
     page.close()
 
 
+def test_the_content_readout_says_for_each_layer_whether_its_content_attention_is_alive(
+    browser, tmp_path
+):
+    """A transformed network with its content diagnostics (attnconv.analysis.content): one line
+    per layer with the entropy range of its heads' content maps, its gates, its query and key
+    norms against the start and the uniform-content ablation; none on a model without them."""
+    from attnconv.analysis.content import content_diagnostics
+    from attnconv.models.checkpoint import build_model
+    from viz_helpers import small_model, transformed_checkpoint
+
+    model = build_model(transformed_checkpoint())  # gates 0.1·h
+    start = build_model(transformed_checkpoint(moved=False))  # the same queries and keys
+    with torch.no_grad():
+        for layer in model.transformed_layers().values():
+            layer.key.weight.mul_(0.5)
+    images = torch.rand(3, 1, 16, 16, generator=torch.Generator().manual_seed(2))
+    labels = torch.tensor([0, 1, 2])
+    diagnostics = content_diagnostics(model, images, labels, start, "its start")
+    quadratic, _ = small_model("quadratic")
+    site = tmp_path / "site"
+    write_explorer(
+        [
+            SiteModel("tcnn", model.eval(), (16, 16), images=images[:1], labels=["one"],
+                      average_images=images, content=diagnostics.to_dict()),
+            SiteModel("quadratic", quadratic, (8, 8)),
+        ],
+        site,
+    )  # fmt: skip
+    page, errors = open_site(browser, site)
+    lines = page.locator("#content-readout p").all_inner_texts()
+    assert lines[0] == (
+        f"Content attention on 3 test images (accuracy {100 * diagnostics.accuracy:.2f}%): "
+        "entropy ÷ log N of each head's content map (1: uniform, 0: one-hot); uniform: the "
+        "predictions that change when the layer's content maps are replaced by uniform attention."
+    )
+    assert len(lines) == 1 + 8 + 1
+    for line, layer in zip(lines[1:-1], diagnostics.layers, strict=True):
+        low, high = min(layer.entropy), max(layer.entropy)
+        entropy = f"{low:.3f}" if f"{low:.3f}" == f"{high:.3f}" else f"{low:.3f}–{high:.3f}"
+        assert line == (
+            f"{layer.name} (N {layer.keys}): entropy ÷ log N {entropy} · gate 0.00–0.80 · "
+            f"q, k norms ×1.00, ×0.50 of the start · uniform: {layer.changed} of 3 predictions "
+            f"changed, accuracy {100 * layer.accuracy:.2f}%"
+        )
+    assert lines[-1] == (
+        f"every layer uniform at once: {diagnostics.changed} of 3 predictions changed, accuracy "
+        f"{100 * diagnostics.ablated_accuracy:.2f}%"
+    )
+    page.locator("#model-select").select_option("1")
+    page.wait_for_function("window.attnconv.ready && window.attnconv.model == 1")
+    assert page.locator("#content-readout p").count() == 0
+    assert page.locator("#content-readout").is_hidden()
+    assert errors == []
+    page.close()
+
+
 # ---------------------------------------------------------------- class token, scores, precision
 
 

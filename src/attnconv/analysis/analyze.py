@@ -17,6 +17,13 @@ folder (the ``attnconv analyze`` command).
     OUT/explorer/      the interactive page of this model (``attnconv explore --add OUT`` puts it
                        beside the shipped models)
 
+A model with content attention (transformed layers, ``learned-content-*``, the ViT) also gets
+``OUT/content.csv`` (one row per layer: entropy ÷ log N of its content maps, mean gate, query/key
+norms against the start, the predictions the uniform-content ablation changes) and
+``OUT/content_heads.csv`` (each head's entropy ÷ log N and gate), measured on the analysed images
+(``attnconv.analysis.content``), with the table in the summary and a line per layer on the
+explorer page.
+
 A transformed network (T-CNN, ``analyze_transformed``) gets what applies to its transformed layers,
 each attending from its output pixels over its input pixels (``attnconv.viz.transformed``):
 heads.csv (each head's start tap, centre, distance moved, spread, content gate, attention distance
@@ -34,6 +41,7 @@ from typing import Any
 
 from torch import Tensor, nn
 
+from attnconv.analysis.content import content_diagnostics, content_layers, format_content
 from attnconv.analysis.images import load_images
 from attnconv.analysis.measures import (
     excluded_tokens,
@@ -118,6 +126,36 @@ def _summary(
 
 # Images of the rollout figure drawn over their image (beside the mean over all of them).
 ROLLOUT_IMAGES = 4
+# ``(the model as it started, or None, what that is)``, as ``attnconv.analysis.content.run_start``
+# and ``pretrained_start`` give it: what the query and key norms are compared with.
+Start = tuple[nn.Module | None, str]
+
+
+@dataclass
+class ContentFiles:
+    """The content-attention diagnostics of an analysed model (``content``): the files written,
+    the explorer's ``content`` entry and the summary's table (all empty without content)."""
+
+    files: list[Path]
+    explorer: dict[str, Any] | None
+    text: list[str]
+
+
+def content(
+    model: nn.Module, pixels: Tensor | None, origin: str, start: Start | None, out: Path
+) -> ContentFiles:
+    """``content.csv`` and ``content_heads.csv`` (module docstring) of ``model`` on ``pixels``
+    ``(B, C, H, W)`` (``origin`` says which images), the norms against ``start`` (None: not
+    known); nothing for a model without content attention or without images."""
+    if pixels is None or not content_layers(model):
+        return ContentFiles([], None, [])
+    model_start, note = start if start is not None else (None, "not known")
+    diagnostics = content_diagnostics(model, pixels, start=model_start, start_note=note)
+    files = [
+        write_csv(diagnostics.layer_rows(), out / "content.csv"),
+        write_csv(diagnostics.head_rows(), out / "content_heads.csv"),
+    ]
+    return ContentFiles(files, diagnostics.to_dict(), [format_content(diagnostics, origin)])
 
 
 def token_view_figures(
@@ -278,11 +316,13 @@ def analyze_attnconv(
     description: str = "",
     test_accuracy: float | None = None,
     progress: Progress = None,
+    start: Start | None = None,
 ) -> Analysis:
     """The same for one of attnconv's own models (``attention_layers()``), its attention computed
     by ``compute_attention``. Position-only models need no images; models with content scores
     use ``images`` (default: the test images of ``dataset`` shipped with attnconv, else its test
-    split). ``progress``: told as each stage starts."""
+    split) and get their content diagnostics, the query and key norms against ``start`` (None:
+    not known). ``progress``: told as each stage starts."""
     from attnconv.models.heads import head_table
     from attnconv.models.pretrained import PretrainedError
 
@@ -321,6 +361,10 @@ def analyze_attnconv(
         out, average, None, head_table(model) if is_gaussian(model) else None
     )
     files += tables
+    if pixels is not None and content_layers(model):
+        _say(progress, f"measuring the content attention on {len(labels)} images")
+    measured = content(model, pixels, origin, start, out)
+    files += measured.files
     if explore_images > 0:
         shown = None if pixels is None else slice(0, explore_images)
         on = "" if pixels is None else f" of {len(pixels[shown])} images"
@@ -335,6 +379,7 @@ def analyze_attnconv(
             images=None if shown is None else pixels[shown],
             labels=None if shown is None else labels[shown],
             average_images=pixels,
+            content=measured.explorer,
         )
         files += write_explorer([entry], out / EXPLORER, title=f"attnconv explorer: {name}")
     h, w = average.grid
@@ -345,7 +390,8 @@ def analyze_attnconv(
         "attention distance: attention-weighted distance between query and key tokens, mean over "
         "queries" + ("" if pixels is None else " and images"),
     ]
-    return Analysis(files, heads, layers, _summary(header, layers, False, files, not_drawn))
+    summary = _summary(header, layers, False, files, not_drawn)
+    return Analysis(files, heads, layers, "\n".join([summary, *measured.text]))
 
 
 def analyze_transformed(
@@ -361,12 +407,13 @@ def analyze_transformed(
     description: str = "",
     test_accuracy: float | None = None,
     progress: Progress = None,
+    start: Start | None = None,
 ) -> Analysis:
     """``analyze_attnconv`` for a transformed network: its figures and tables
-    (``viz.figures.plot_transformed``, the contours from image pixel ``query``) on ``num_images``
-    images (``images`` as for a content model), and the explorer page of the first
-    ``explore_images`` of them (0: none) with their average. ``progress``: told as each stage
-    starts."""
+    (``viz.figures.plot_transformed``, the contours from image pixel ``query``) and its content
+    diagnostics (the query and key norms against ``start``) on ``num_images`` images (``images``
+    as for a content model), and the explorer page of the first ``explore_images`` of them (0:
+    none) with their average. ``progress``: told as each stage starts."""
     from attnconv.models.pretrained import PretrainedError
     from attnconv.viz.figures import plot_transformed
 
@@ -385,6 +432,10 @@ def analyze_transformed(
     )
     plot = plot_transformed(model, out, name, pixels, query)
     files = plot.files
+    if content_layers(model):
+        _say(progress, f"measuring the content attention on {len(labels)} images")
+    measured = content(model, pixels, origin, start, out)
+    files += measured.files
     if explore_images > 0:
         _say(
             progress,
@@ -401,6 +452,7 @@ def analyze_transformed(
             images=pixels[:explore_images],
             labels=labels[:explore_images],
             average_images=pixels,
+            content=measured.explorer,
         )
         files += write_explorer([entry], out / EXPLORER, title=f"attnconv explorer: {name}")
     layers = transformed_layer_rows(model, plot.maps)  # layers.csv's rows
@@ -412,5 +464,6 @@ def analyze_transformed(
         "pixels (rows renormalised over the image), mean over queries and images",
         plot.table,
         f"wrote {len(files)} files to {out}",
+        *measured.text,
     ]
     return Analysis(files, plot.heads, layers, "\n".join(header))

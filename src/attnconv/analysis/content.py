@@ -34,6 +34,7 @@ import shlex
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -43,6 +44,7 @@ from attnconv.attention import MultiHeadSelfAttention2d
 from attnconv.attention.transformed import TransformedConv2d
 from attnconv.errors import UserError
 from attnconv.models.modes import evaluating
+from attnconv.models.transformed import TransformedNetwork
 
 ContentLayer = TransformedConv2d | MultiHeadSelfAttention2d
 BATCH = 250  # test images per forward
@@ -51,10 +53,12 @@ BATCH = 250  # test images per forward
 def content_layers(model: nn.Module) -> dict[str, ContentLayer]:
     """Module name → layer for every layer of ``model`` with content attention (a
     ``TransformedConv2d`` with content, a ``MultiHeadSelfAttention2d`` with a content score), in
-    network order."""
+    network order; a ``TransformedNetwork``'s layers by their names in its base network, as
+    ``transformed_layers()`` names them."""
+    root = model.network if isinstance(model, TransformedNetwork) else model
     return {
         name: module
-        for name, module in model.named_modules()
+        for name, module in root.named_modules()
         if (isinstance(module, TransformedConv2d) and module.content)
         or (isinstance(module, MultiHeadSelfAttention2d) and module.key is not None)
     }
@@ -414,6 +418,18 @@ def labelled_test_images(
     return test.images[:count].float() / 255.0, test.labels[:count]
 
 
+def explorer_content(
+    model: nn.Module, images: Tensor, start: tuple[nn.Module | None, str]
+) -> dict[str, Any] | None:
+    """What an explorer page shows of ``model``'s content attention (``attnconv.viz.export``):
+    ``content_diagnostics(...).to_dict()`` on its ``images (B, C, H, W)``, without labels, the
+    norms against ``start`` (``run_start``'s or ``pretrained_start``'s answer); None for a model
+    without content attention."""
+    if not content_layers(model):
+        return None
+    return content_diagnostics(model, images, start=start[0], start_note=start[1]).to_dict()
+
+
 # ------------------------------------------------------------------ the start of a model
 
 
@@ -483,46 +499,58 @@ def run_start(checkpoint: Mapping[str, Any]) -> tuple[nn.Module | None, str]:
     return model, f"the run's start, {init}"
 
 
-def pretrained_start(name: str) -> tuple[nn.Module | None, str]:
-    """The start of the shipped model ``name``, read from the command its index entry records:
-    the transform of a shipped network (``attnconv transform --pretrained X [--seed S] && attnconv
-    train ...``: X transformed with seed S, default 0), or the model built from the training
-    command's seed (default 0). ``(None, why)`` where the record names no start that can be
-    rebuilt (an ``--init`` file of the machine that trained it)."""
-    from attnconv.models.pretrained import PRETRAINED_PREFIX, pretrained_checkpoint, pretrained_info
+def _option(words: list[str], flag: str) -> str | None:
+    """The word after ``flag`` in ``words`` (None: no such flag)."""
+    return words[words.index(flag) + 1] if flag in words[:-1] else None
+
+
+def pretrained_start(name: str, folder: str | Path | None = None) -> tuple[nn.Module | None, str]:
+    """The start of the shipped model ``name`` (in ``folder``, default the package's weights),
+    read from the command its index entry records: the transform of a shipped network
+    (``attnconv transform --pretrained X [--seed S] && attnconv train ...``: X transformed with
+    seed S, default 0), or the model built with the training command's seed (default 0), or its
+    ``--init pretrained:X``. ``(None, why)`` where the record names no start that can be rebuilt
+    (a file of the machine that trained it, a command that is not attnconv's)."""
+    from attnconv.models.pretrained import (
+        PRETRAINED_PREFIX,
+        WEIGHTS_DIR,
+        pretrained_checkpoint,
+        pretrained_info,
+    )
     from attnconv.train.config import read_training_command, resolve_config
 
-    info = pretrained_info(name)
-    command = (info.run or {}).get("command")
+    folder = WEIGHTS_DIR if folder is None else folder
+    info = pretrained_info(name, folder)
+    command = info.run.get("command")
+    unknown = f"{name}'s start is not known"
     if not command:
-        return None, f"the index records no training command for {name}: its start is not known"
+        return None, f"{unknown}: its index entry records no training command"
     for part in command.split(" && "):
         words = shlex.split(part)
         if words[:2] == ["attnconv", "transform"]:
-            options = dict(zip(words[2::2], words[3::2], strict=False))
-            if "--pretrained" not in options:
-                return (
-                    None,
-                    f"{name} was transformed from a file ({part!r}): its start is not known",
-                )
-            seed = int(options.get("--seed", 0))
-            source = options["--pretrained"]
+            source = _option(words, "--pretrained")
+            if source is None:
+                return None, f"{unknown}: it was transformed from a file ({part!r})"
+            seed = int(_option(words, "--seed") or 0)
             model = start_from(
-                info.architecture, info.arguments, seed, pretrained_checkpoint(source)
+                info.architecture, info.arguments, seed, pretrained_checkpoint(source, folder)
             )
             return model, f"its start: the shipped {source} transformed with seed {seed}"
-    recorded = read_training_command(command)
-    init = recorded.init
-    config = resolve_config(
-        recorded.preset, recorded.dataset, list(recorded.overrides),
-        **({"init": init} if init is not None else {}),
-    )  # fmt: skip
+    try:
+        recorded = read_training_command(command)
+        init = recorded.init
+        config = resolve_config(
+            recorded.preset, recorded.dataset, list(recorded.overrides),
+            **({"init": init} if init is not None else {}),
+        )  # fmt: skip
+    except UserError as err:
+        return None, f"{unknown}: {str(err).splitlines()[0]}"
     if init is None:
         model = start_from(info.architecture, info.arguments, config.seed)
         return model, f"its start, rebuilt from the training command's seed {config.seed}"
     if not init.startswith(PRETRAINED_PREFIX):
-        return None, f"{name} was fine-tuned from a file ({init}): its start is not known"
-    source = pretrained_checkpoint(init[len(PRETRAINED_PREFIX) :])
+        return None, f"{unknown}: it was fine-tuned from a file ({init})"
+    source = pretrained_checkpoint(init[len(PRETRAINED_PREFIX) :], folder)
     model = start_from(info.architecture, info.arguments, config.seed, source)
     return model, f"its start: {init} with seed {config.seed}"
 
@@ -548,15 +576,15 @@ def _rows_text(cells: list[list[str]], left: int) -> list[str]:
 
 
 def format_content(diagnostics: ContentDiagnostics, images: str) -> str:
-    """``diagnostics`` as text: a line on the images (``images`` says which) and the model's
-    accuracy, one row per layer (entropy ÷ log N over its heads, mean gate, query and key norms
+    """``diagnostics`` as text: a line on the images (``images`` names them: "the first 3 digits
+    test images") and the model's accuracy, one row per layer (entropy ÷ log N over its heads, mean gate, query and key norms
     against the start, the uniform-content ablation), all layers at once, and each head's entropy
     ÷ log N."""
     accuracy = (
         "" if diagnostics.accuracy is None else f" (accuracy {100 * diagnostics.accuracy:.2f}%)"
     )
     lines = [
-        f"Content attention on {diagnostics.images} {images}{accuracy}. entropy: of each head's "
+        f"Content attention on {images}{accuracy}. entropy: of each head's "
         f"content map, divided by log N (N key pixels), mean over queries and images (1: uniform, "
         f"0: one-hot); uniform: the layer's content maps replaced by uniform attention, test "
         f"predictions changed and accuracy then; q, k: query and key weight norms now ÷ at the "

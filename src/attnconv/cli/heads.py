@@ -205,7 +205,7 @@ def content_text(
     )
     start, note = run_start(checkpoint) if pretrained is None else pretrained_start(pretrained)
     diagnostics = content_diagnostics(model, images, labels, start, note)
-    return format_content(diagnostics, f"{dataset} test images")
+    return format_content(diagnostics, f"{len(labels)} {dataset} test images")
 
 
 def _table(rows: list[dict[str, Any]], columns: list[tuple[str, str, str]]) -> list[str]:

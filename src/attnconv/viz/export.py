@@ -47,6 +47,12 @@ row ``1 + q`` patch ``q``'s, each over the patches renormalised to sum to one
 ``(heads, N)`` quantised (None for a layer without the class token). ``read_site`` reads a written
 site's models back, to put them on another page (``attnconv explore --add``).
 
+A model with content attention may carry ``"content"`` in its ``model.js``: whether that attention
+is alive, measured by ``attnconv.analysis.content`` on the page's test images
+(``ContentDiagnostics.to_dict``: per layer the entropy ÷ log N of each head's content map, its
+gates, query/key norms against the start and the predictions that change when the layer's
+content maps are made uniform). The page shows one line per layer under the model's header.
+
 Every data file assigns its object to ``window.ATTNCONV_FILES[PATH]``, its path from the site
 root. Arrays are base64 of little-endian bytes. "Quantised" arrays are ``uint16`` codes with a
 ``float32`` offset and step per last-axis row: ``value = lo + code · step`` (error ≤ step / 2, the
@@ -61,7 +67,6 @@ import functools
 import http.server
 import json
 import math
-import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from importlib import resources
@@ -76,7 +81,7 @@ from attnconv.attention import MultiHeadSelfAttention2d, scores
 from attnconv.errors import UserError
 from attnconv.models.modes import evaluating
 from attnconv.models.transformed import TransformedNetwork
-from attnconv.runs import parse_json
+from attnconv.runs import parse_json, write_atomic, write_text_atomic
 from attnconv.viz.maps import FLOOR, attention_layers, compute_attention, token_grid
 from attnconv.viz.rollout import rollout_rows
 from attnconv.viz.site_check import (
@@ -323,15 +328,32 @@ def explorer_data(
     labels: Sequence[str] | None = None,
     meta: dict[str, Any] | None = None,
     average_images: Tensor | None = None,
+    content: dict[str, Any] | None = None,
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """One model's data: ``(model.js object, [image file objects])``; image ``i``'s file is
-    ``data["images"][i]["file"]`` (relative to the model's folder), if it has one.
+    ``data["images"][i]["file"]`` (relative to the model's folder), if it has one. ``content``:
+    the diagnostics of its content attention (module docstring), written as they are.
 
     ``images``: float ``(B, C, H, W)`` in ``[0, 1]``, required for models with content scores and
     transformed networks (one file each; ``transformed_explorer_data``); for position-only models, whose maps need no image, only drawn under the query
     picker. ``labels``: one caption per image. ``average_images`` (content models): the images the
     ``average.js`` entry averages the probabilities over.
     """
+    data, files = _model_data(model, image_size, images, labels, meta, average_images)
+    if content is not None:
+        data["content"] = content
+    return data, files
+
+
+def _model_data(
+    model: nn.Module | Sequence[MultiHeadSelfAttention2d],
+    image_size: tuple[int, int],
+    images: Tensor | None,
+    labels: Sequence[str] | None,
+    meta: dict[str, Any] | None,
+    average_images: Tensor | None,
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """``explorer_data`` without the content diagnostics."""
     if isinstance(model, TransformedNetwork):
         return transformed_explorer_data(model, images, labels, meta, average_images)
     layers = attention_layers(model)
@@ -550,7 +572,7 @@ def recorded_explorer_data(
 
 @dataclass
 class SiteModel:
-    """One model of an explorer site (see ``explorer_data`` for the images)."""
+    """One model of an explorer site (see ``explorer_data`` for the images and ``content``)."""
 
     name: str
     model: nn.Module | Sequence[MultiHeadSelfAttention2d]
@@ -562,6 +584,7 @@ class SiteModel:
     images: Tensor | None = None
     labels: Sequence[str] | None = None
     average_images: Tensor | None = None
+    content: dict[str, Any] | None = None
 
 
 @dataclass
@@ -596,7 +619,7 @@ def write_explorer(
     static = resources.files("attnconv.viz") / "explorer"
     for name in STATIC_FILES:
         with resources.as_file(static / name) as source:
-            shutil.copyfile(source, out / name)
+            write_atomic(out / name, source.read_bytes())
         written.append(out / name)
     manifest: dict[str, Any] = {
         "format": FORMAT,
@@ -618,6 +641,7 @@ def write_explorer(
                 entry.labels,
                 entry.meta,
                 entry.average_images,
+                entry.content,
             )
         folder = f"models/{number}"
         (out / folder).mkdir(parents=True, exist_ok=True)
@@ -643,7 +667,9 @@ def write_explorer(
             }
         )
     path = out / "data.js"
-    path.write_text("window.ATTNCONV_SITE = " + json.dumps(manifest, separators=(",", ":")) + ";\n")
+    write_text_atomic(
+        path, "window.ATTNCONV_SITE = " + json.dumps(manifest, separators=(",", ":")) + ";\n"
+    )
     written.append(path)
     return written
 
@@ -668,7 +694,7 @@ def write_site(
 def _write_data(out: Path, file: str, payload: dict[str, Any]) -> Path:
     path = out / file
     text = json.dumps(payload, separators=(",", ":"))
-    path.write_text(f"window.ATTNCONV_FILES[{json.dumps(file)}] = {text};\n")
+    write_text_atomic(path, f"window.ATTNCONV_FILES[{json.dumps(file)}] = {text};\n")
     return path
 
 

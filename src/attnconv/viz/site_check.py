@@ -139,6 +139,63 @@ def check_model(data: Any, where: Path) -> None:
             raise SiteError(f"{where}: {what} averages {image['average']!r:.40} images, expected "
                             f"a positive whole number")  # fmt: skip
     check_layers(data, where)
+    if "content" in data:
+        check_content(data["content"], where)
+
+
+def _share_or_none(value: Any) -> bool:
+    """None, or a number in ``[0, 1]``."""
+    return value is None or (
+        isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value <= 1
+    )
+
+
+def _number_or_none(value: Any) -> bool:
+    """None, or a finite number."""
+    return value is None or (
+        isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    )
+
+
+def check_content(content: Any, where: Path) -> None:
+    """A model's ``"content"`` diagnostics (``ContentDiagnostics.to_dict``): the images they were
+    measured on, the accuracies (shares, or null without labels), the predictions changed (0 to
+    the images) and per layer its name, kind, keys, an entropy per head (null for one key), gates
+    per head or null, the query/key norm ratios (null: no start)."""
+    what = "the content diagnostics"
+    images = _field(content, "images", int, where, what)
+    changed = _field(content, "changed", int, where, what)
+    if images < 1 or not 0 <= changed <= images:
+        raise SiteError(f"{where}: {what} count {changed} changed of {images} images, expected "
+                        f"0 to a positive number of images")  # fmt: skip
+    for key in ("accuracy", "ablated_accuracy"):
+        if not _share_or_none(content.get(key)):
+            raise SiteError(f"{where}: {what}' {key} is {content.get(key)!r:.40}, expected a "
+                            f"share in [0, 1] or null")  # fmt: skip
+    _field(content, "start", (str, type(None)), where, what)
+    for number, layer in enumerate(_field(content, "layers", list, where, what)):
+        name = f"content layer {number}"
+        _field(layer, "name", str, where, name)
+        _field(layer, "kind", str, where, name)
+        _field(layer, "keys", int, where, name)
+        entropy = _field(layer, "entropy", list, where, name)
+        gates = _field(layer, "gates", (list, type(None)), where, name)
+        count = _field(layer, "changed", int, where, name)
+        if not 0 <= count <= images:
+            raise SiteError(f"{where}: {name} changed {count} of {images} predictions")
+        if not entropy or not all(_number_or_none(e) for e in entropy):
+            raise SiteError(f"{where}: {name}'s entropy is not a number (or null) per head")
+        if gates is not None and (
+            len(gates) != len(entropy) or not all(_share_or_none(g) for g in gates)
+        ):
+            raise SiteError(f"{where}: {name}'s gates are not a share per head")
+        for key in ("query_ratio", "key_ratio"):
+            if not _number_or_none(layer.get(key)):
+                raise SiteError(f"{where}: {name}'s {key} is {layer.get(key)!r:.40}, expected a "
+                                f"number or null")  # fmt: skip
+        if not _share_or_none(layer.get("accuracy")):
+            raise SiteError(f"{where}: {name}'s accuracy is {layer.get('accuracy')!r:.40}, "
+                            f"expected a share in [0, 1] or null")  # fmt: skip
 
 
 def _layer_sizes(data: dict[str, Any], where: Path) -> list[tuple[int, int]]:

@@ -814,6 +814,7 @@
     const same = D.images.findIndex((image) => image.label === label);
     if (!D.class_token) view.state.view = "heads";
     showMeta();
+    showContent();
     buildMaps();
     buildImages();
     await setImage(same >= 0 ? same : 0);
@@ -831,6 +832,7 @@
     const accuracy = measured ? `test accuracy ${percent(info.test_accuracy)}` : "test accuracy — (not measured)";
     $("accuracy").textContent = measured && info.dataset ? `${accuracy} on ${info.dataset}` : info.dataset ? `${info.dataset}: ${accuracy}` : accuracy;
     $("meta").textContent = "";
+    $("content-readout").replaceChildren();
   }
 
   function showMeta() {
@@ -848,6 +850,48 @@
       probabilities: "attention probabilities per image: Gaussian heads mixed with content attention by their gates",
     }[D.kind]);
     $("meta").textContent = meta.join(" · ");
+  }
+
+  // "0.998–1.000" (or one value when both ends print the same) over the values that are not
+  // null; "—" without any.
+  function spread(values, digits) {
+    const known = values.filter((v) => v !== null);
+    if (!known.length) return "—";
+    const [lo, hi] = [Math.min(...known), Math.max(...known)].map((v) => v.toFixed(digits));
+    return lo === hi ? lo : `${lo}–${hi}`;
+  }
+
+  // Whether the model's content attention is alive (D.content, attnconv.analysis.content), one
+  // line per layer: the entropy of its heads' content maps ÷ log N, its gates, its query and key
+  // norms against the start, and the predictions that change when its content maps are uniform.
+  function showContent() {
+    const el = $("content-readout");
+    el.replaceChildren();
+    const C = D.content;
+    if (!C) return;
+    const share = (x) => `${(100 * x).toFixed(2)}%`;
+    const accuracy = (x) => (x === null || x === undefined ? "" : `, accuracy ${share(x)}`);
+    const images = `${C.images} test image${C.images === 1 ? "" : "s"}`;
+    const lines = [`Content attention on ${images}` +
+      (C.accuracy === null || C.accuracy === undefined ? "" : ` (accuracy ${share(C.accuracy)})`) +
+      ": entropy ÷ log N of each head's content map (1: uniform, 0: one-hot); uniform: the " +
+      "predictions that change when the layer's content maps are replaced by uniform attention."];
+    for (const L of C.layers) {
+      const parts = [`${L.name} (N ${L.keys}): entropy ÷ log N ${spread(L.entropy, 3)}`];
+      if (L.gates) parts.push(`gate ${spread(L.gates, 2)}`);
+      if (L.query_ratio !== null && L.key_ratio !== null) {
+        parts.push(`q, k norms ×${L.query_ratio.toFixed(2)}, ×${L.key_ratio.toFixed(2)} of the start`);
+      }
+      parts.push(`uniform: ${L.changed} of ${C.images} predictions changed${accuracy(L.accuracy)}`);
+      lines.push(parts.join(" · "));
+    }
+    lines.push(`every layer uniform at once: ${C.changed} of ${C.images} predictions changed` +
+      accuracy(C.ablated_accuracy));
+    for (const text of lines) {
+      const line = document.createElement("p");
+      line.textContent = text;
+      el.appendChild(line);
+    }
   }
 
   // ------------------------------------------------------------------ start
