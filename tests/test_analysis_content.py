@@ -269,3 +269,35 @@ def test_format_content_shows_each_layer_and_head():
     )
     assert lines[4] == "entropy ÷ log N per head:" and lines[5].split() == ["module", "h0"]
     assert lines[6].split() == ["attention", entropy]
+
+
+def test_a_run_checkpoint_is_analysed_on_its_whole_test_split(tmp_path):
+    """What ``attnconv reproduce`` adds to a run's analysis: the diagnostics of its checkpoint on
+    every test image (digits: 359), written beside its figures, and their summary."""
+    import csv
+
+    from attnconv.analysis.content import analyse_checkpoint, labelled_test_images
+    from viz_helpers import save_checkpoint, small_model
+
+    model, config = small_model("learned-content")
+    path = save_checkpoint(tmp_path / "best.pt", model, "learned-content", config)
+    summary = analyse_checkpoint(path, tmp_path / "figures")
+    images, labels = labelled_test_images("digits", (8, 8))
+    assert len(labels) == 359
+    expected = content_diagnostics(model, images, labels)
+    assert summary == {
+        "content_entropy": [pytest.approx(sum(x.entropy) / 3) for x in expected.layers],
+        "content_changed": [x.changed / 359 for x in expected.layers],
+        "content_changed_all": expected.changed / 359,
+        "content_gate": [None, None],
+    }
+    with (tmp_path / "figures" / "content.csv").open() as handle:
+        rows = list(csv.DictReader(handle))
+    assert [int(row["changed"]) for row in rows] == [x.changed for x in expected.layers]
+    text = (tmp_path / "figures" / "content.txt").read_text()
+    assert text.startswith("Content attention on the 359 digits test images (accuracy")
+    assert (tmp_path / "figures" / "content_heads.csv").is_file()
+    quadratic, config = small_model("quadratic")
+    path = save_checkpoint(tmp_path / "quadratic.pt", quadratic, "quadratic", config)
+    assert analyse_checkpoint(path, tmp_path / "none") == {}
+    assert not (tmp_path / "none").exists()

@@ -213,10 +213,13 @@ def analyse_run(run_dir: Path, figures: Path, data_dir: str | None) -> dict[str,
     For attention models the row also holds ``grid_score_init``: the grid score of the same
     model as training initialised it (the run's seed), so the table shows what training changed;
     ``head_distances``, each layer's per-head attention distances in tokens; and ``grid``, the
-    token grid ``(h, w)``.
+    token grid ``(h, w)``. Models with content attention (transformed networks among them) also
+    get ``content.csv``, ``content_heads.csv`` and ``content.txt`` in ``figures`` and the row's
+    ``content_*`` entries (``attnconv.analysis.content.analyse_checkpoint``).
     """
     import torch
 
+    from attnconv.analysis.content import analyse_checkpoint
     from attnconv.models.checkpoint import construct, load_model
     from attnconv.models.presets import MODELS, PRESETS
     from attnconv.viz.figures import plot_model, test_images
@@ -245,6 +248,10 @@ def analyse_run(run_dir: Path, figures: Path, data_dir: str | None) -> dict[str,
         "head_distances": None,
         "grid": None,
     }
+    if PRESETS[row["preset"]].model == "transformed" or hasattr(
+        MODELS[PRESETS[row["preset"]].model], "attention_layers"
+    ):  # is its content attention alive? (on the whole test split: attnconv.analysis.content)
+        row.update(analyse_checkpoint(run.best, figures, data_dir))
     if not hasattr(MODELS[PRESETS[row["preset"]].model], "attention_layers"):
         return row
     model, checkpoint = load_model(run.best)

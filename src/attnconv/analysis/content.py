@@ -555,6 +555,42 @@ def pretrained_start(name: str, folder: str | Path | None = None) -> tuple[nn.Mo
     return model, f"its start: {init} with seed {config.seed}"
 
 
+def analyse_checkpoint(
+    path: str | Path, out: str | Path, data_dir: str | None = None
+) -> dict[str, Any]:
+    """The content diagnostics of the model in checkpoint ``path`` (a run's, e.g. its best.pt) on
+    every test image of its dataset, against the run's start (``run_start``), written into
+    ``out``: ``content.csv`` (``layer_rows``), ``content_heads.csv`` (``head_rows``) and
+    ``content.txt`` (``format_content``). Returns the run's summary of them: ``content_entropy``
+    and ``content_changed`` (per layer, the mean entropy ÷ log N over its heads and the share of
+    test predictions the uniform-content ablation changes), ``content_changed_all`` (every layer
+    at once) and ``content_gate`` (per layer the mean gate, None without gates); ``{}`` for a
+    model without content attention, with nothing written."""
+    from attnconv.models.checkpoint import load_model
+    from attnconv.viz.figures import write_csv
+
+    model, checkpoint = load_model(path)
+    if not content_layers(model):
+        return {}
+    images, labels = labelled_test_images(checkpoint["dataset"], model.image_size, None, data_dir)
+    start, note = run_start(checkpoint)
+    diagnostics = content_diagnostics(model, images, labels, start, note)
+    out = Path(out)
+    write_csv(diagnostics.layer_rows(), out / "content.csv")
+    write_csv(diagnostics.head_rows(), out / "content_heads.csv")
+    text = format_content(
+        diagnostics, f"the {diagnostics.images} {checkpoint['dataset']} test images"
+    )
+    (out / "content.txt").write_text(text + "\n")
+    rows = diagnostics.layer_rows()
+    return {
+        "content_entropy": [row["entropy_mean"] for row in rows],
+        "content_changed": [row["changed_share"] for row in rows],
+        "content_changed_all": diagnostics.changed / diagnostics.images,
+        "content_gate": [row["gate_mean"] for row in rows],
+    }
+
+
 # ------------------------------------------------------------------ text
 
 
