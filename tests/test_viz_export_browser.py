@@ -795,6 +795,7 @@ def test_a_transformed_network_beside_a_shipped_model(browser, tmp_path):
     assert main([*argv, "--images", "2"]) == 0
     page, errors = open_site(browser, site)
     click_token(page, (7, 7), (14, 14))  # quadratic-fashion's token: pixels 14-15 × 14-15
+    assert page.locator("#content-readout").is_hidden()  # position-only: no content attention
     switch_model(page, 1, "tcnn-fashion-small")
     assert page.evaluate("window.attnconv.state.query") == [15, 15]  # the same place, in pixels
     assert page.locator("#modes").is_hidden()  # probabilities: no score terms to switch
@@ -802,6 +803,17 @@ def test_a_transformed_network_beside_a_shipped_model(browser, tmp_path):
     assert "stages.2.0.conv1 14×14 → 7×7" in meta and "stages.3.1.conv2 4×4 → 4×4" in meta
     model = load_pretrained("tcnn-fashion-small", weights)
     images, _ = sample_images("fashion-mnist", weights)
+    # its content diagnostics on the 6 shipped images, without labels (no accuracies) or a start
+    from attnconv.analysis.content import content_diagnostics
+
+    diagnostics = content_diagnostics(model, images)
+    lines = page.locator("#content-readout p").all_inner_texts()
+    assert lines[0].startswith("Content attention on 6 test images: entropy ÷ log N")
+    for line, layer in zip(lines[1:-1], diagnostics.layers, strict=True):
+        assert line.startswith(f"{layer.name} (N {layer.keys}): entropy ÷ log N ")
+        assert line.endswith(f"· uniform: {layer.changed} of 6 predictions changed")
+        assert "of the start" not in line  # random weights: no start recorded
+    assert lines[-1] == f"every layer uniform at once: {diagnostics.changed} of 6 predictions changed"
     sizes = page.evaluate(
         "Array.from(document.querySelectorAll('#maps .map canvas'), c => [c.width, c.height])"
     )

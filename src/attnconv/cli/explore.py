@@ -63,7 +63,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def checkpoint_entries(args: argparse.Namespace) -> tuple[list, dict[str, str]]:
-    """The one model of a checkpoint, as a ``SiteModel``."""
+    """The one model of a checkpoint, as a ``SiteModel``, with the diagnostics of its content
+    attention on the page's test images (``attnconv.analysis.content``)."""
+    from attnconv.analysis.content import explorer_content, run_start
     from attnconv.models import PRESETS
     from attnconv.models.checkpoint import load_model
     from attnconv.models.transformed import TransformedNetwork
@@ -85,6 +87,9 @@ def checkpoint_entries(args: argparse.Namespace) -> tuple[list, dict[str, str]]:
             f"--images and --data-dir do nothing for {path}: its model's attention is "
             f"position-only, the same for every image; leave them out"
         )
+    content = None
+    if images is not None:
+        content = explorer_content(model, images, run_start(checkpoint))
     preset = checkpoint["preset"]
     entry = SiteModel(
         name=preset,
@@ -97,13 +102,16 @@ def checkpoint_entries(args: argparse.Namespace) -> tuple[list, dict[str, str]]:
         images=images,
         labels=labels,
         average_images=images,
+        content=content,
     )
     return [entry], {}
 
 
 def pretrained_entries(args: argparse.Namespace) -> tuple[list, dict[str, str]]:
     """The shipped models named by ``--pretrained`` that have attention, and the others with the
-    reason they are left out."""
+    reason they are left out; a model with content attention with its diagnostics on the shipped
+    test images (``attnconv.analysis.content``)."""
+    from attnconv.analysis.content import explorer_content, pretrained_start
     from attnconv.models.pretrained import (
         WEIGHTS_DIR,
         load_pretrained,
@@ -146,6 +154,7 @@ def pretrained_entries(args: argparse.Namespace) -> tuple[list, dict[str, str]]:
                 images=images[: IMAGES if args.images is None else args.images],
                 labels=labels[: IMAGES if args.images is None else args.images],
                 average_images=images,
+                content=explorer_content(model, images, pretrained_start(info.name, folder)),
             )
         )
     if not entries:
