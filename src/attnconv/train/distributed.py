@@ -10,6 +10,8 @@ plain ``attnconv train`` has none of them and runs as the single rank 0 of 1, wi
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -95,3 +97,14 @@ def barrier() -> None:
     """Wait for every rank (no-op when not distributed)."""
     if dist.is_initialized():
         dist.barrier()
+
+
+@contextmanager
+def local_rank_zero_first(context: Context) -> Iterator[None]:
+    """Run the body on each machine's local rank 0 first, then on its other ranks (e.g. a
+    download, made once per machine and read by the others)."""
+    if context.local_rank != 0:
+        barrier()
+    yield
+    if context.local_rank == 0:
+        barrier()

@@ -7,18 +7,27 @@ records after each checkpoint, so it always matches ``checkpoints/last.pt``, als
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Callable
 from typing import Any
 
+import torch.distributed as dist
 from torch import nn
 from tqdm import tqdm
 
 from attnconv.models.modes import evaluating
 from attnconv.runs import RunDir, write_text_atomic
+from attnconv.train import distributed
+from attnconv.train.config import TrainConfig
 
 # ``(model, (H, W)) -> matplotlib Figure``: what TensorBoard shows of a model with attention after
 # each epoch (``attnconv.viz.figures.attention_figure``; train never imports viz itself).
 EpochFigure = Callable[[nn.Module, tuple[int, int]], Any]
+
+
+def note(message: str) -> None:
+    """``message`` as a line on stderr, above any progress bar (every rank that calls it)."""
+    tqdm.write(message, file=sys.stderr)
 
 
 def format_duration(seconds: float) -> str:
@@ -26,6 +35,51 @@ def format_duration(seconds: float) -> str:
     minutes, secs = divmod(round(seconds), 60)
     hours, minutes = divmod(minutes, 60)
     return f"{hours}:{minutes:02d}:{secs:02d}"
+
+
+def format_start(
+    config: TrainConfig,
+    parameters: int,
+    steps_per_epoch: int,
+    context: distributed.Context,
+    auto_precision: bool,
+    resumed_at: tuple[int, int] | None,
+) -> str:
+    """The line a run starts with: preset, dataset, ``parameters``, steps per epoch, the device
+    and process count of ``context`` (and the DDP backend), ``config.precision``
+    (``auto_precision``: chosen for the device) and, resuming, the ``(epoch, step)`` it resumes at
+    (``epoch`` epochs trained)."""
+    ddp = f" (DDP, {dist.get_backend()})" if context.distributed else ""
+    line = (
+        f"{config.preset} on {config.dataset}: {parameters:,} parameters, {steps_per_epoch} "
+        f"steps/epoch of {config.batch_size} images, device {context.device} "
+        f"x{context.world_size}{ddp}, precision {config.precision}"
+        + (" (auto)" if auto_precision else "")
+    )
+    if resumed_at is None:
+        return line
+    return f"{line}; resuming at epoch {resumed_at[0] + 1}, step {resumed_at[1]}"
+
+
+def epoch_record(
+    epoch: int,
+    step: int,
+    trained: dict[str, float],
+    val_loss: float,
+    val_acc: float,
+    machine: str,
+) -> dict[str, Any]:
+    """The record of ``metrics.jsonl`` for epoch ``epoch`` (1-based), which ended at optimizer
+    step ``step``: what its training gave (``trained``: ``lr`` of its last update, ``train_loss``,
+    ``train_acc``, ``epoch_time_s``, ``images_per_s``), its validation loss and accuracy, and the
+    ``machine`` it ran on (``attnconv.hardware.machine_description``)."""
+    return {
+        "epoch": epoch, "step": step,
+        **{key: trained[key] for key in ("lr", "train_loss", "train_acc")},
+        "val_loss": val_loss, "val_acc": val_acc,
+        **{key: trained[key] for key in ("epoch_time_s", "images_per_s")},
+        "machine": machine,
+    }  # fmt: skip
 
 
 def format_record(record: dict[str, Any], epochs: int, eta_s: float | None = None) -> str:
