@@ -260,6 +260,20 @@ def test_every_snippet_of_the_page_runs(page: str, tmp_path, monkeypatch) -> Non
         pytest.skip("every other snippet ran; not run: " + "; ".join(not_run))
 
 
+def test_docstrings_use_no_sphinx_roles() -> None:
+    """The docs renderer reads no Sphinx roles (":class:`X`" shows as written): docstrings link
+    objects as ``[`X`][]`` (docs/development.md, "These pages"), in the modules the API reference
+    shows and in the others, which it may show later."""
+    role = re.compile(r":(?:class|func|meth|data|attr|mod|exc|obj):`")
+    found = [
+        f"{path.relative_to(ROOT)}:{number}"
+        for path in sorted((ROOT / "src").rglob("*.py"))
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if role.search(line)
+    ]
+    assert found == [], f"Sphinx roles in docstrings: {found}"
+
+
 def load_hooks():
     """scripts/mkdocs_hooks.py as a module (the docs build's hooks)."""
     spec = importlib.util.spec_from_file_location(

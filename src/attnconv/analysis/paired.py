@@ -9,8 +9,8 @@ it holds for a handful of discordant images as for thousands). A 0.3-point gap o
 images is 30 images net; whether that is noise depends on how many images the two disagree on,
 which this test counts and the accuracies do not.
 
-:func:`mcnemar` takes the per-image correctness (or predictions and labels) of two models;
-:func:`compare_checkpoints` scores two checkpoints, run folders or shipped models on their
+``mcnemar`` takes the per-image correctness (or predictions and labels) of two models;
+``compare_checkpoints`` scores two checkpoints, run folders or shipped models on their
 dataset's test split and returns the comparison. ``attnconv reproduce`` uses it to set every
 attention model against the size-matched CNN of the same seed and budget.
 """
