@@ -194,6 +194,41 @@ def test_an_attnconv_preset_has_its_head_table(tmp_path, capsys, monkeypatch):
     assert not (tmp_path / "class_token.png").exists()
 
 
+def test_a_content_checkpoint_gets_its_content_diagnostics_against_the_run_start(tmp_path, capsys):
+    """A learned-content run's checkpoint (seed 3): content.csv and the summary's table on the
+    analysed images, its query and key norms against the model the run started from."""
+    from attnconv.analysis.content import content_diagnostics
+    from attnconv.models.checkpoint import save_checkpoint
+    from attnconv.models.presets import MODELS, preset_arguments
+    from viz_helpers import small_model
+
+    model, config = small_model("learned-content")
+    architecture, arguments = preset_arguments("learned-content", **config)
+    save_checkpoint({"preset": "learned-content", "dataset": "digits", "architecture": architecture,
+                     "arguments": arguments, "model": model.state_dict(), "epoch": 2,
+                     "config": {"seed": 3}}, tmp_path / "lc.pt")  # fmt: skip
+    out = tmp_path / "out"
+    code, printed, _ = analyze(
+        [str(tmp_path / "lc.pt"), "--out", str(out), "--num-images", "5", "--explore-images", "0"],
+        capsys,
+    )
+    assert code == 0
+    assert "analyze: measuring the content attention on 5 images" in printed
+    assert "now ÷ at the start (the run's start, rebuilt from its seed 3)" in printed
+    torch.manual_seed(3)
+    start = MODELS[architecture](**arguments)
+    images, _, _ = load_images("digits", 5, (8, 8), 1)  # what analyze measured on
+    expected = content_diagnostics(model, images, start=start)
+    rows = read_csv(out / "content.csv")
+    assert [row["name"] for row in rows] == ["blocks.0.attention", "blocks.1.attention"]
+    for row, layer in zip(rows, expected.layers, strict=True):
+        assert row["kind"] == "added" and int(row["changed"]) == layer.changed
+        assert float(row["query_ratio"]) == pytest.approx(layer.query_ratio)
+        assert float(row["key_ratio"]) == pytest.approx(layer.key_ratio)
+        assert layer.query_ratio > 1.5  # small_model redrew them N(0, 1): not the start's
+        assert float(row["entropy_mean"]) == pytest.approx(sum(layer.entropy) / 3)
+
+
 def test_a_transformed_checkpoint_gets_the_measures_of_its_transformed_layers(tmp_path, capsys):
     """`attnconv analyze` of a T-CNN checkpoint: per head its start tap, distance moved, gate and
     attention distance on the test images, per layer the means and the tap score, the figures

@@ -132,6 +132,7 @@ def _third_party(args: argparse.Namespace):
 
 def _attnconv(args: argparse.Namespace):
     from attnconv.analysis.analyze import analyze_attnconv, analyze_transformed
+    from attnconv.analysis.content import content_layers, pretrained_start, run_start
     from attnconv.models import PRESETS, create_model
     from attnconv.models.checkpoint import load_model
     from attnconv.models.pretrained import load_pretrained, pretrained_info
@@ -146,6 +147,7 @@ def _attnconv(args: argparse.Namespace):
         if given:
             raise UserError(f"{option} is for timm:NAME and torchvision:NAME models")
     details: dict = {}
+    checkpoint = None
     if args.pretrained is not None:
         info = pretrained_info(args.pretrained)
         say(f"loading the shipped model {args.pretrained}")
@@ -179,6 +181,11 @@ def _attnconv(args: argparse.Namespace):
         raise UserError(f"{name} is a {type(model).__name__}, which has no attention")
     else:
         analyze, extra = analyze_attnconv, {"window": args.window}
+    if content_layers(model):  # its query and key norms against the run's start (a preset: none)
+        if args.pretrained is not None:
+            extra["start"] = pretrained_start(args.pretrained)
+        elif checkpoint is not None:
+            extra["start"] = run_start(checkpoint)
     return analyze(
         model,
         name,
