@@ -81,7 +81,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "heads": (
         "attnconv.cli.heads",
-        "print each Gaussian attention head of a checkpoint and flag the degenerate ones",
+        "print each Gaussian attention head of a checkpoint and flag the degenerate ones; "
+        "whether its content attention is alive (entropy, gates, uniform-content ablation)",
     ),
 }
 
