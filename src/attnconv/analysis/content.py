@@ -343,9 +343,9 @@ def content_diagnostics(
 
     ``start``: the model as it started (``run_start``, ``pretrained_start``; None: not known),
     whose layers of the same names give the query and key norms at the start; ``start_note`` says
-    what it is (or why there is none). Runs ``2 + L`` passes over the images for ``L`` layers with content attention
-    (the clean one, one per layer ablated, all at once), ``batch_size`` images a forward. UserError
-    if the model has no content attention.
+    what it is (or why there is none). Passes over the images: the model's own, one per layer
+    with content attention made uniform and, with several such layers, one with all of them;
+    ``batch_size`` images a forward. UserError if the model has no content attention.
     """
     layers = content_layers(model)
     if not layers:
@@ -382,8 +382,9 @@ def content_diagnostics(
                     accuracy=_share(ablated, labels),
                 )
             )
-        with uniform_content(model):
-            ablated = _predictions(model, images, batch_size)
+        if len(layers) > 1:  # with one layer, all at once is that layer's ablation
+            with uniform_content(model):
+                ablated = _predictions(model, images, batch_size)
     return ContentDiagnostics(
         images=int(images.shape[0]),
         accuracy=_share(predictions, labels),

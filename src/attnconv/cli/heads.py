@@ -196,10 +196,11 @@ def content_text(
     )
 
     images, labels = test
-    passes = len(content_layers(model)) + 2
+    layers = len(content_layers(model))
+    passes = 1 + layers + (layers > 1)  # the model, each layer's content uniform, all at once
     print(
         f"heads: measuring the content attention on {len(labels)} {dataset} test images "
-        f"({passes} passes: the model, each layer's content uniform, all at once)",
+        f"({passes} passes over them)",
         file=sys.stderr,
         flush=True,
     )
