@@ -584,13 +584,13 @@ class TransformedConv2d(nn.Module):
 
     def _content_active(self) -> bool:
         """Whether the content attention must run: the layer has it and either a gate is open
-        or gradients may flow to the gates (on the meta device, where multiply-adds are counted:
-        always)."""
+        (a sigmoid gate always is) or gradients may flow to the gates (on the meta device, where
+        multiply-adds are counted: always)."""
         if self.gate is None:
             return False
         if self.gate.is_meta:  # shapes only (models/complexity.py): count what training runs
             return True
-        return torch.is_grad_enabled() or bool((self.gate > 0).any())
+        return torch.is_grad_enabled() or bool((self.content_gates() > 0).any())
 
     def forward(self, x: Tensor) -> Tensor:
         """``x (B, in, H, W)`` → ``(B, out, H_out, W_out)``: the positional attention (a
