@@ -170,6 +170,33 @@ def test_fashion_presets_scale_the_paper_models_down_alike():
         assert 0.8 < sizes["resnet-fashion-small"] / sizes[name] < 1.2, sizes
 
 
+def test_fashion_presets_train_the_equal_budget_and_start_as_their_shipped_weights():
+    """Every Fashion and anywhere model trains FASHION_EPOCHS (the equal-budget table's column)
+    by default, so ``attnconv train --preset NAME`` trains a table row without overrides; each
+    builds what its shipped weights were built from (index.json's arguments: the fan_in start),
+    and a shipped entry's run is either at that budget or at the short column's
+    (FASHION_SHORT_EPOCHS, the same for its anywhere model)."""
+    from attnconv.models.presets import FASHION_EPOCHS, FASHION_SHORT_EPOCHS
+
+    shipped = pretrained_models()
+    for name in [*FASHION_PRESETS, "vit-fashion", *ANYWHERE_PRESETS]:
+        assert resolve_config(name).epochs == FASHION_EPOCHS, name
+        if name not in shipped:
+            continue
+        architecture, arguments = preset_arguments(name)
+        assert architecture == shipped[name].architecture
+
+        def shape(arguments):  # what the run built, but the statistics (measured, then rounded)
+            return {k: v for k, v in json.loads(json.dumps(arguments)).items()
+                    if k not in ("mean", "std")}  # fmt: skip
+
+        assert shape(arguments) == shape(shipped[name].arguments), name
+        fashion = {v: k for k, v in ANYWHERE_OF.items()}.get(name, name)
+        budgets = {FASHION_EPOCHS, FASHION_SHORT_EPOCHS.get(fashion, FASHION_EPOCHS)}
+        assert shipped[name].run["epochs"] in budgets, (name, shipped[name].run["epochs"])
+    assert set(FASHION_SHORT_EPOCHS) <= set(FASHION_PRESETS)
+
+
 def test_anywhere_presets_are_the_shipped_fashion_models_on_the_16x16_grid():
     """Each ``*-anywhere`` preset builds what its Fashion preset's shipped weights were built
     from (index.json: arguments of the shipped run), but for 32×32 images, their statistics and,

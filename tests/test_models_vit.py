@@ -127,7 +127,7 @@ def test_vit_fashion_preset_matches_the_fashion_transformers():
     # Trained as ViTs are: AdamW, no decay on norms, biases and the position embedding.
     config = resolve_config("vit-fashion")
     assert (config.optimizer, config.decay_exempt) == ("adamw", "norms-biases-positional")
-    assert config.epochs == FASHION_EPOCHS["vit"] and config.batch_size == 100
+    assert config.epochs == FASHION_EPOCHS and config.batch_size == 100
     exempt = create_model("vit-fashion").no_weight_decay_parameters(config.decay_exempt)
     assert "position.weight" in exempt and "blocks.0.mlp_in.weight" not in exempt
     assert preset.dataset == "fashion-mnist"

@@ -104,7 +104,7 @@ def test_run_plans_follow_the_recipe_seed_and_precision():
         reproduce.run_plan("fashion-mnist", "learned-fashion", "paper", 0)
     # on fashion-mnist-anywhere the models without shipped weights train as they stand
     anywhere, plans = reproduce.run_plan("fashion-mnist-anywhere", "learned-anywhere", "presets", 0)
-    assert (anywhere.dataset, anywhere.precision, plans) == ("fashion-mnist-anywhere", "auto", [(18, 18)])
+    assert (anywhere.dataset, anywhere.precision, plans) == ("fashion-mnist-anywhere", "auto", [(50, 50)])
     shipped, plans = reproduce.run_plan("fashion-mnist-anywhere", "learned-anywhere", "shipped", 1)
     assert (shipped.epochs, shipped.precision, shipped.seed, plans) == (22, "fp32", 1, [(22, 22)])
     shipped, plans = reproduce.run_plan("fashion-mnist-anywhere", "quadratic-anywhere", "shipped", 0)
