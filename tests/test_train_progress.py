@@ -1,6 +1,7 @@
 """Progress where no bar can redraw: `attnconv train` outside a terminal prints a line every
---log-interval steps (loss, rate, images per second, ETA) and an ETA in each epoch line; the demo's
-evaluation writes no bar frames into a log."""
+--log-interval steps (loss, rate, images per second, ETA), the first after at most a few seconds
+of training, and an ETA in each epoch line; the demo's evaluation writes no bar frames into a
+log."""
 
 import json
 import re
@@ -12,7 +13,8 @@ import torch
 from attnconv.cli import main
 from attnconv.train import loop
 from attnconv.train.config import resolve_config
-from attnconv.train.logger import format_duration, format_record
+from attnconv.train.logger import format_duration, format_record, format_step
+from attnconv.train.progress import Progress
 from attnconv.train.schedule import build_schedule
 from train_helpers import TINY
 
@@ -42,11 +44,10 @@ def test_format_duration_and_the_epoch_line_with_an_eta() -> None:
 
 def test_step_lines_off_a_terminal_then_on_resume(tmp_path, capsys, monkeypatch) -> None:
     # a clock that advances one second each time the loop reads it, so that every rate and ETA
-    # printed follows from the step counts alone. Each epoch the loop reads it as it starts
-    # training, at each step line, as training ends, before validating and once the epoch's
-    # checkpoints are written (and, the first epoch in a process, when it prints the epoch line):
-    # the seconds an epoch takes besides its training steps are 2 after the process's first epoch,
-    # 1 after each later one.
+    # printed follows from the step counts alone. The loop reads it as an epoch starts, after each
+    # step, before validating and once the epoch's checkpoints are written (and, the first epoch
+    # in a process, when it prints the epoch line): a step takes 1 s, an epoch 20 s of training,
+    # and the seconds it takes besides are 2 after the process's first epoch, 1 after later ones.
     ticks = iter(range(1, 10**6))
     monkeypatch.setattr(loop, "time", SimpleNamespace(perf_counter=lambda: float(next(ticks))))
     run = tmp_path / "run"
@@ -63,46 +64,82 @@ def test_step_lines_off_a_terminal_then_on_resume(tmp_path, capsys, monkeypatch)
     assert second.err == ""
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [record["step"] for record in metrics] == [20, 40, 60]
+    assert [record["epoch_time_s"] for record in metrics] == [per_epoch] * 3
 
     config = resolve_config("quick", "digits", overrides)
-    for out, interval, done, epochs in ((first.out, 7, 0, 2), (second.out, 5, 2, 3)):
+    # the first line of each process once FIRST_LINE_S = 5 s of training have passed (step 5 of
+    # the first; 45, a multiple of its interval 5, of the resumed one), then every 7 (5) steps
+    for out, done, epochs, expected in (
+        (first.out, 0, 2, [5, 7, 14, 21, 28, 35]),
+        (second.out, 2, 3, [45, 50, 55, 60]),
+    ):
         total = epochs * per_epoch
         schedule = build_schedule(
             config.schedule, config.lr, epochs, per_epoch, config.warmup_fraction, ()
         )
         lines = [STEP_LINE.match(line) for line in out.splitlines() if "  step " in line]
         assert all(lines), out
-        steps = [int(m[3]) for m in lines]
-        assert steps == list(range(interval * (done * per_epoch // interval + 1), total + 1, interval))
-        for match, step in zip(lines, steps, strict=True):
+        assert [int(m[3]) for m in lines] == expected
+        for match in lines:
+            step = int(match[3])
             epoch = (step - 1) // per_epoch  # 0-based
-            in_epoch = step - epoch * per_epoch
             assert (int(match[1]), int(match[2]), int(match[4])) == (epoch + 1, epochs, total)
             assert match[6] == f"{schedule(step - 1):.3g}"  # the rate of that step's update
-            # the clock read at the epoch's start and once per line so far in it
-            lines_so_far = sum(1 for s in steps if epoch * per_epoch < s <= step)
-            per_step = lines_so_far / in_epoch
-            assert int(match[7]) == round(64 / per_step)
-            # training steps left at that pace, and the time besides of the epoch before, per
-            # epoch left (none yet in the process's first epoch)
-            between = (0, 2)[epoch - done] if epoch - done < 2 else 1
-            eta = (total - step) * per_step + (epochs - epoch) * between
-            assert seconds(*match.groups()[7:]) == round(eta)
+            assert int(match[7]) == 64  # a batch a second
+            # the steps left at a second each, and per epoch left the time besides of the epoch
+            # before (none yet in the process's first epoch)
+            between = 0 if epoch == done else 2
+            assert seconds(*match.groups()[7:]) == (total - step) + (epochs - epoch) * between
         epoch_lines = [EPOCH_ETA.match(line) for line in out.splitlines() if "train loss" in line]
         assert [int(m[1]) for m in epoch_lines] == list(range(done + 1, epochs + 1))
         for match in epoch_lines:
             epoch = int(match[1])  # 1-based
-            # its training: a tick per step line and one at its end
-            ticks = sum(1 for s in steps if (epoch - 1) * per_epoch < s <= epoch * per_epoch) + 1
-            assert metrics[epoch - 1]["epoch_time_s"] == ticks
             # besides training: the epoch before's (the process's first: its own validation, 1)
             between = 2 if epoch - done == 2 else 1
-            assert seconds(*match.groups()[1:]) == (epochs - epoch) * (ticks + between)
+            assert seconds(*match.groups()[1:]) == (epochs - epoch) * (per_epoch + between)
         # the run's last epoch: none left
         assert epoch_lines[-1].groups()[1:] == ("0", "00", "00")
     # the mean loss of a whole epoch, on the line of its last step
     end = STEP_LINE.match(next(line for line in second.out.splitlines() if "  step 60/60" in line))
     assert float(end[5]) == pytest.approx(metrics[2]["train_loss"], abs=6e-5)
+
+
+@pytest.mark.parametrize(
+    ("seconds_per_step", "interval", "due"),
+    [
+        (0.75, 50, [7, 50, 100]),  # slow: the first after 5.25 s, then every 50 steps
+        (0.01, 50, [50, 100]),  # fast: step 50 comes first, at 0.5 s
+        (0.75, 0, []),  # no lines asked for
+    ],
+)
+def test_the_first_line_comes_after_a_few_seconds(seconds_per_step, interval, due, capsys) -> None:
+    """A fake clock, two epochs of 60 steps of 10 images: a line once FIRST_LINE_S = 5 s of
+    training have passed, once in the process, or at the interval's steps, whichever comes
+    first; its rate and ETA at the pace of the epoch so far."""
+    now = [0.0]
+    lines: list[str] = []
+    shown = Progress(
+        2, 60, 10, progress=True, main=True, log_interval=interval, print_line=lines.append,
+        clock=lambda: now[0], device=torch.device("cpu"),
+    )  # fmt: skip
+    reported = []
+    for epoch in range(2):
+        shown.start_epoch(epoch, 0, between_s=3.0 * epoch)
+        for step in range(epoch * 60 + 1, epoch * 60 + 61):
+            now[0] += seconds_per_step
+            if shown.step(step):
+                reported.append(step)
+                shown.show(step, 1.5, 0.1, line=True)
+        assert shown.end_epoch() == pytest.approx(60 * seconds_per_step)
+    assert reported == due
+    expected = []
+    for step in due:
+        epoch = (step - 1) // 60
+        between = 3.0 * epoch  # what an epoch takes besides training, as start_epoch was told
+        eta = (120 - step) * seconds_per_step + (2 - epoch) * between
+        expected.append(format_step(epoch + 1, 2, step, 120, 1.5, 0.1, 10 / seconds_per_step, eta))
+    assert lines == expected
+    assert capsys.readouterr().err == ""  # off a terminal (captured): lines, no bar
 
 
 @pytest.mark.parametrize(("interval", "setting"), [("0", []), ("3", ["progress=false"])])

@@ -42,18 +42,20 @@ def format_start(
     parameters: int,
     steps_per_epoch: int,
     context: distributed.Context,
+    threads: str,
     auto_precision: bool,
     resumed_at: tuple[int, int] | None,
 ) -> str:
     """The line a run starts with: preset, dataset, ``parameters``, steps per epoch, the device
-    and process count of ``context`` (and the DDP backend), ``config.precision``
-    (``auto_precision``: chosen for the device) and, resuming, the ``(epoch, step)`` it resumes at
-    (``epoch`` epochs trained)."""
+    and process count of ``context`` (and the DDP backend), the ``threads`` it computes with and
+    why (``attnconv.train.threads.choose_threads``), ``config.precision`` (``auto_precision``:
+    chosen for the device) and, resuming, the ``(epoch, step)`` it resumes at (``epoch`` epochs
+    trained)."""
     ddp = f" (DDP, {dist.get_backend()})" if context.distributed else ""
     line = (
         f"{config.preset} on {config.dataset}: {parameters:,} parameters, {steps_per_epoch} "
         f"steps/epoch of {config.batch_size} images, device {context.device} "
-        f"x{context.world_size}{ddp}, precision {config.precision}"
+        f"x{context.world_size}{ddp}, {threads}, precision {config.precision}"
         + (" (auto)" if auto_precision else "")
     )
     if resumed_at is None:

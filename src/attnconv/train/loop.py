@@ -13,9 +13,9 @@ The main rank holds the run folder's lock (``attnconv.runs.locked_run``) for the
 diverged state is never saved (the run stops with NonFiniteLossError) and every kill point leaves
 a resumable run (``checkpoint``). Everything random is a function of the config's seed and the
 position in training (data order and augmentation: ``BatchLoader``; dropout: the torch RNG, saved
-in every checkpoint), so on a CPU a run resumed from any checkpoint ends with exactly the weights
-of an uninterrupted run (``resume``). Beside them: ``build`` (model, optimizer, loaders),
-``progress`` (what a run shows), ``evaluation`` (the best epoch's test, ``summary.json``).
+in every checkpoint), so a run resumed from any checkpoint on a CPU with as many threads ends with
+exactly the weights of an uninterrupted run (``resume``, ``threads``). Also beside this room:
+``build``, ``progress``, ``evaluation``.
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ from attnconv.train.logger import EpochFigure, RunLogger, epoch_record, format_s
 from attnconv.train.progress import LOG_INTERVAL, PROGRESS_KEYS
 from attnconv.train.resume import TrainingInterrupted, interrupted_advice, resumed_run
 from attnconv.train.schedule import LRSchedule, build_schedule
+from attnconv.train.threads import torch_threads, training_threads
 
 # The names other modules and users' scripts import from here (some live in build, evaluation).
 __all__ = ["LOG_INTERVAL", "NonFiniteLossError", "Trainer", "autocast", "check_data_fits",
@@ -68,6 +69,7 @@ def train(
     epoch_figure: EpochFigure | None = None,
     log_interval: int = LOG_INTERVAL,
     stop_after: int | None = None,
+    threads: int | None = None,
 ) -> dict[str, Any]:
     """Train (or, with ``resume``, continue) the run in ``run_dir``; returns the summary dict
     (empty when ``stop_after`` ended it before its last epoch).
@@ -88,13 +90,16 @@ def train(
             None: scalars only.
         log_interval: where ``config.progress`` asks for progress but stderr is not a terminal
             (a log file, a pipe, a notebook), a line every ``log_interval`` optimizer steps of the
-            run (``attnconv.train.logger.format_step``: loss, rate, images per second, ETA); 0:
-            none, only the line per epoch. A setting of this call, not of the run: a resume
-            takes its own.
+            run (``attnconv.train.logger.format_step``: loss, rate, images per second, ETA), the
+            first after at most ``attnconv.train.progress.FIRST_LINE_S`` seconds; 0: none, only
+            the line per epoch. A setting of this call, not of the run: a resume takes its own.
         stop_after: end this call once the run has trained this many epochs in all (>= 1),
             leaving it as an interrupted run with its checkpoint (no test, no summary), to be
             resumed, possibly with a new length: how ``train_in_plans`` repeats a run that was
             re-planned part-way. None, or the run's length: train to the end.
+        threads: the threads torch computes with during this call (then put back); None: as
+            many as the cores other work leaves idle, at most torch's count, or
+            ``OMP_NUM_THREADS`` if set (``attnconv.train.threads``). Said in the start line.
 
     Joins the ``torchrun`` process group when launched by it; the main rank holds the run
     folder's lock throughout. Raises NonFiniteLossError if training diverges
@@ -117,11 +122,13 @@ def train(
         raise UserError(f"log_interval must be >= 0 steps (0: no step lines), got {log_interval}")
     if stop_after is not None and stop_after < 1:
         raise UserError(f"stop_after must be >= 1 epoch, got {stop_after}")
+    count, why = training_threads(threads)
     context = distributed.setup(config.device)
+    locking = locked_run(run.root) if context.is_main else nullcontext()
     try:
-        with locked_run(run.root) if context.is_main else nullcontext() as lock:
+        with torch_threads(count), locking as lock:
             trainer = Trainer(config, run.root, context, resumed, init_checkpoint, epoch_figure,
-                              lock=lock, log_interval=log_interval)  # fmt: skip
+                              lock=lock, log_interval=log_interval, threads=why)  # fmt: skip
             return trainer.fit(stop_after)
     except KeyboardInterrupt as err:
         raise TrainingInterrupted(interrupted_advice(run)) from err
@@ -166,8 +173,9 @@ class Trainer:
         *,
         lock: RunLock | None = None,
         log_interval: int = LOG_INTERVAL,
+        threads: str = "",
     ) -> None:
-        self.log_interval = log_interval  # steps between progress lines off a terminal (train)
+        self.threads = threads  # the threads it computes with and why, for the start line
         self.between_s = 0.0  # seconds an epoch took besides training (progress.eta_s), here
         self.device = context.device
         if self.device.type == "cpu":
@@ -212,7 +220,7 @@ class Trainer:
         self.epoch_sums = dict.fromkeys(PROGRESS_KEYS, 0.0)  # a mid-epoch checkpoint's, on rank 0
         if resumed is not None:
             restored = resume.restore(resumed, self.optimizer, context.rank, self.run.last,
-                               config.epochs, self.steps_per_epoch)  # fmt: skip
+                                      config.epochs, self.steps_per_epoch)  # fmt: skip
             self.epoch, self.step, self.metrics = restored.epoch, restored.step, restored.records
             self.epoch_sums = restored.sums or self.epoch_sums  # mid-epoch (rank 0): its sums
             self.writer.saved_step = self.step
@@ -221,19 +229,23 @@ class Trainer:
         self.logger = RunLogger(
             self.run, config.epochs, context.is_main, config.tensorboard, epoch_figure
         )
+        self.progress = progress.Progress(
+            config.epochs, self.steps_per_epoch, config.batch_size, progress=config.progress,
+            main=context.is_main, log_interval=log_interval, print_line=self.logger.print,
+            clock=time.perf_counter, device=self.device,
+        )  # fmt: skip
 
     def _build_optimizer(self) -> torch.optim.Optimizer:
         return build.build_optimizer(self.model, self.config)
 
     def _checkpoint(self, epoch_progress: dict[str, float] | None) -> dict[str, Any]:
         """The run's state now (``epoch_progress``: the epoch's sums so far, mid-epoch)."""
-        config = self.config
         return {
-            "preset": config.preset, "dataset": config.dataset,
+            "preset": self.config.preset, "dataset": self.config.dataset,
             "architecture": self.architecture, "arguments": self.arguments,
             "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
             "rng": checkpoint.gathered_rng_states(self.context),
-            "epoch": self.epoch, "step": self.step, "config": config.to_dict(),
+            "epoch": self.epoch, "step": self.step, "config": self.config.to_dict(),
             "replans": self.replans, "metrics": self.metrics, "epoch_progress": epoch_progress,
         }  # fmt: skip
 
@@ -272,11 +284,7 @@ class Trainer:
         config, epoch, per_epoch = self.config, self.epoch, self.steps_per_epoch
         start_batch = self.step - epoch * per_epoch
         sums = progress.EpochSums(self.epoch_sums, self.device)
-        shown = progress.EpochProgress(
-            epoch, config.epochs, per_epoch, start_batch, config.batch_size,
-            shown=self.context.is_main and config.progress, log_interval=self.log_interval,
-            between_s=self.between_s, print_line=self.logger.print, clock=time.perf_counter,
-        )  # fmt: skip
+        self.progress.start_epoch(epoch, start_batch, self.between_s)
         self.forward_model.train()
         for images, labels in self.train_loader.epoch(epoch, start_batch):
             lr = self.schedule(self.step)
@@ -292,22 +300,21 @@ class Trainer:
             self.optimizer.step()
             self.step += 1
             sums.add(loss, logits, labels)
-            shown.advance()
             in_epoch = self.step - epoch * per_epoch
             save = config.checkpoint_steps > 0 and in_epoch != per_epoch \
                 and self.step % config.checkpoint_steps == 0  # fmt: skip
             # every rank reaches the same steps here: the running loss sums over the ranks
-            line_due = shown.line_due(self.step)
+            line_due = self.progress.step(self.step)
             if save or line_due or in_epoch % progress.CHECK_EVERY == 0:
                 running = self._running_loss(sums)
                 self.writer.check_lock()  # before TensorBoard writes into the folder
                 self.logger.step(self.step, running, lr)
-                shown.show(self.step, running, lr, line=line_due)
+                self.progress.show(self.step, running, lr, line=line_due)
             if save:  # a mid-epoch last.pt, with the epoch's sums so far
                 totals = sums.totals()
                 self._check_state((images, labels))
                 self._save(self._checkpoint(totals), self.run.last)
-        elapsed = shown.close()
+        elapsed = self.progress.end_epoch()
         self._running_loss(sums)
         totals = sums.totals()
         self.epoch_sums = dict.fromkeys(PROGRESS_KEYS, 0.0)
@@ -328,7 +335,7 @@ class Trainer:
         with self.writer.writing(self.run.metrics):
             logger.metrics(self.metrics)
         logger.print(format_start(config, count_parameters(self.model), self.steps_per_epoch,
-                                  self.context, self.requested_precision == "auto",
+                                  self.context, self.threads, self.requested_precision == "auto",
                                   (self.epoch, self.step) if self.step else None))  # fmt: skip
         if self.planned_epochs != config.epochs:
             next_rate = self.schedule(self.step)
