@@ -17,6 +17,7 @@ from attnconv.models import MODELS, PRESETS, create_model
 from attnconv.models.checkpoint import (
     FORMAT,
     CheckpointError,
+    checkpoint_name,
     load_checkpoint,
     load_model,
     rebuild,
@@ -248,3 +249,22 @@ def test_commands_accept_a_version_1_checkpoint(tmp_path, capsys) -> None:
     assert (tmp_path / "figures" / "contours.png").is_file()
     assert cli.main(["heads", str(run.last)]) == 0
     assert "preset quick, epoch 2" in capsys.readouterr().out
+
+
+def test_a_checkpoint_is_named_by_its_preset_and_the_epochs_it_trained() -> None:
+    """``attnconv transform`` writes a transformed network with no epoch: it says so, where the
+    commands printed "epoch ?" before."""
+    from attnconv.convert import transform_checkpoint
+
+    architecture, arguments = preset_arguments(
+        "resnet-fashion-small", in_channels=1, image_size=(16, 16), widths=(4, 8, 8, 16)
+    )
+    cnn = {"preset": "resnet-fashion-small", "dataset": "fashion-mnist", "architecture":
+           architecture, "arguments": arguments, "model": MODELS[architecture](**arguments)
+           .state_dict(), "epoch": 7}  # fmt: skip
+    transformed = transform_checkpoint(cnn, spread=3.0, preset="tcnn-fashion-small")
+    assert checkpoint_name(cnn) == "resnet-fashion-small, epoch 7"
+    assert checkpoint_name(transformed) == "tcnn-fashion-small, transformed, not fine-tuned"
+    assert checkpoint_name({**transformed, "epoch": 2}) == "tcnn-fashion-small, epoch 2"
+    untrained = {key: value for key, value in cnn.items() if key != "epoch"}
+    assert checkpoint_name(untrained) == "resnet-fashion-small, no epoch recorded"

@@ -336,3 +336,16 @@ def load_model(
     """
     checkpoint = load_checkpoint(path, map_location)
     return build_model(checkpoint, path).to(map_location).eval(), checkpoint
+
+
+def checkpoint_name(checkpoint: Mapping[str, Any]) -> str:
+    """A checkpoint's preset and how far it was trained, as lines and figure titles name it:
+    ``"P, epoch N"`` for one that ``attnconv train`` saved after epoch N; the network that
+    ``attnconv transform`` writes has trained no epoch since its transform, ``"P, transformed, not
+    fine-tuned"``; another without an epoch, ``"P, no epoch recorded"``."""
+    preset = checkpoint["preset"]
+    if "epoch" in checkpoint:
+        return f"{preset}, epoch {checkpoint['epoch']}"
+    if checkpoint.get("architecture") == "transformed":
+        return f"{preset}, transformed, not fine-tuned"
+    return f"{preset}, no epoch recorded"
