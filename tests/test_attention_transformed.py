@@ -81,8 +81,18 @@ def make(config, seed: int = 0, **start) -> tuple[nn.Conv2d, TransformedConv2d]:
     return conv, layer
 
 
+@pytest.fixture(params=["kernel", "separable"])
+def route(request, monkeypatch):
+    """Both exact routes of the positional part (``TransformedConv2d._separable_pays`` picks one
+    by the layer's and batch's sizes; the small layers here would always take the kernel's)."""
+    monkeypatch.setattr(
+        TransformedConv2d, "_separable_pays", lambda self, taps, pixels: request.param == "separable"
+    )
+    return request.param
+
+
 @pytest.mark.parametrize("config", CONFIGS)
-def test_exact_against_dense_reference_forward_and_gradients(config):
+def test_exact_against_dense_reference_forward_and_gradients(config, route):
     conv, layer = make(config)
     with torch.no_grad():  # away from the start: moved heads, open, shut and clamped gates
         layer.gate.uniform_(-0.5, 1.3)
@@ -266,7 +276,7 @@ def test_attention_maps_are_the_reference_weights_on_the_image(config):
 
 
 @pytest.mark.parametrize("config", CONFIGS[:4])
-def test_sigmoid_gates_and_mimetic_keys_exact_against_dense_reference(config):
+def test_sigmoid_gates_and_mimetic_keys_exact_against_dense_reference(config, route):
     conv, layer = make(config, gate="sigmoid", opening=0.3, qk_init="mimetic")
     with torch.no_grad():
         layer.gate.add_(torch.randn_like(layer.gate))
@@ -407,3 +417,10 @@ def test_a_tiny_spread_keeps_the_kernel_within_the_input_and_exact(spread):
     assert (kernel - expected).abs().max() <= 1e-12 * expected.abs().max()
     x = torch.randn(2, 3, height, width, dtype=F64)
     assert layer(x).shape == (2, 2, height, width)
+
+
+def test_the_separable_route_is_taken_where_it_pays():
+    wide = TransformedConv2d(512, 512, 3, padding=((1, 1), (1, 1)), spread=3.0, content=False)
+    assert wide._separable_pays(25, 8 * 16) and not wide._separable_pays(9, 8 * 16)
+    narrow = TransformedConv2d(36, 36, 3, padding=((1, 1), (1, 1)), spread=3.0, content=False)
+    assert not narrow._separable_pays(25, 100 * 49)

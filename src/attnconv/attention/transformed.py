@@ -452,14 +452,7 @@ class TransformedConv2d(nn.Module):
         first tap. Offsets where every head's weight is below ``eps(dtype)`` of its peak are left
         out of the kernel (not of the normaliser), so the result is exact to rounding.
         """
-        sizes = (height + sum(self.padding[0]), width + sum(self.padding[1]))
-        outs = self.output_size(height, width)
-        factors, starts = [], []
-        for axis in range(2):
-            first, last = self._axis_window(axis, sizes[axis], outs[axis], dtype)
-            factors.append(self._axis_probs(axis, first, last))  # (heads, last − first + 1)
-            starts.append(first)
-        rows, cols = factors
+        (rows, cols), starts = self._positional_factors(height, width, dtype)
         keep = 1.0 - self.content_gates()
         taps = self.weight.reshape(-1, self.heads)  # (out·in/groups, heads)
         # Σ_h taps[:, h] (1 − g_h) R_h[a] C_h[b] as one matrix product (an einsum over the four
@@ -469,6 +462,21 @@ class TransformedConv2d(nn.Module):
             self.out_channels, -1, rows.shape[1], cols.shape[1]
         )
         return kernel.to(dtype), (starts[0], starts[1])
+
+    def _positional_factors(
+        self, height: int, width: int, dtype: torch.dtype
+    ) -> tuple[tuple[Tensor, Tensor], tuple[int, int]]:
+        """Each head's positional weights along rows ``(heads, kh')`` and columns ``(heads,
+        kw')`` over the offsets that reach an ``H×W`` input (``_axis_window``), and the offsets
+        ``(δ1, δ2)`` of their first entries: the head's kernel is their outer product."""
+        sizes = (height + sum(self.padding[0]), width + sum(self.padding[1]))
+        outs = self.output_size(height, width)
+        factors, starts = [], []
+        for axis in range(2):
+            first, last = self._axis_window(axis, sizes[axis], outs[axis], dtype)
+            factors.append(self._axis_probs(axis, first, last))  # (heads, last − first + 1)
+            starts.append(first)
+        return (factors[0], factors[1]), (starts[0], starts[1])
 
     def _axis_window(self, axis: int, size: int, out: int, dtype: torch.dtype) -> tuple[int, int]:
         """``(first, last)``: the offsets along ``axis`` from a query to a key of the input padded
@@ -593,8 +601,16 @@ class TransformedConv2d(nn.Module):
         return torch.is_grad_enabled() or bool((self.content_gates() > 0).any())
 
     def forward(self, x: Tensor) -> Tensor:
-        """``x (B, in, H, W)`` → ``(B, out, H_out, W_out)``: the positional attention (a
-        convolution with ``positional_kernel``) plus the gated content attention."""
+        """``x (B, in, H, W)`` → ``(B, out, H_out, W_out)``: the positional attention plus the
+        gated content attention.
+
+        The positional part takes one of two exact routes (``_separable_pays`` picks). One
+        convolution with :meth:`positional_kernel`; or, where the blur widens the heads' kernels
+        (spread 3 gives a 3×3 convolution's heads 5×5 kernels) and the layer is wide, each head
+        first blurs the input with its separable kernel (a row then a column matrix product,
+        cheap) and one matrix product over channels and heads projects the result: the
+        convolution's own multiply-adds, not ``kh'·kw'/(Kh·Kw)`` times them, and no
+        ``(out, in, kh', kw')`` kernel to build, differentiate and reorder at every step."""
         if not isinstance(x, Tensor) or x.dim() != 4 or x.shape[1] != self.in_channels:
             shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
             raise ValueError(f"expected input of shape (B, {self.in_channels}, H, W), got {shape}")
@@ -606,19 +622,77 @@ class TransformedConv2d(nn.Module):
                 f"kernel {self.kernel_size} (dilation {self.dilation})"
             )
         dtype = torch.promote_types(x.dtype, self.weight.dtype)
-        kernel, (first_row, first_col) = self.positional_kernel(height, width, dtype)
-        padded = self._pad(x)
-        # Output pixel r reads the padded input at r·stride + anchor + δ, δ from the kernel's
-        # first tap on: pad (or crop) the input so that conv2d's window starts there.
-        pads = []
-        for axis, first, size in ((1, first_col, padded.shape[3]), (0, first_row, padded.shape[2])):
-            before = -(self.anchor[axis] + first)
-            span = ((out_h, out_w)[axis] - 1) * self.stride[axis] + kernel.shape[2 + axis]
-            pads += [before, span - size - before]
-        y = F.conv2d(F.pad(padded, pads), kernel, self.bias, self.stride, groups=self.groups)
+        (rows, cols), starts = self._positional_factors(height, width, dtype)
+        window = self._window(x, starts, (rows.shape[1], cols.shape[1]), (out_h, out_w))
+        if self._separable_pays(rows.shape[1] * cols.shape[1], x.shape[0] * out_h * out_w):
+            y = self._separable_positional(window, rows, cols, (out_h, out_w))
+        else:
+            kernel, _ = self.positional_kernel(height, width, dtype)
+            y = F.conv2d(window, kernel, self.bias, self.stride, groups=self.groups)
         if self._content_active():
             y = y + self._content_output(x, out_h, out_w)
         return y
+
+    def _separable_pays(self, kernel_taps: int, output_pixels: int) -> bool:
+        """Whether the separable route beats the kernel route: the blurred kernel spans more
+        taps than there are heads, and the layer's weights outnumber the batch's output pixels
+        (``out·in/groups ≥ B·H_out·W_out``: the kernel route's build, its gradient and the
+        reorder of a new kernel at every step then dominate). Measured fwd+bwd on one thread of
+        an Intel Xeon (AMX), spread 3: 512 channels on 4×4 for 8 images 3.3x the CNN's
+        convolution against 12x; 256 on 7×7, 2.1x against 5.8x; 72 on 4×4 for 100 images (the
+        separable route) 3.5x against 4.0x; 36 on 7×7 for 100 images (the kernel route) 1.8x
+        against 4.7x."""
+        weights = self.out_channels * self.in_channels // self.groups
+        return kernel_taps > self.heads and weights >= output_pixels
+
+    def _window(
+        self, x: Tensor, starts: tuple[int, int], taps: tuple[int, int], outs: tuple[int, int]
+    ) -> Tensor:
+        """The input padded as the convolution pads it, then padded (or cropped) so that output
+        pixel ``r`` reads rows ``r·stride .. r·stride + taps − 1`` of the result at the offsets
+        ``starts[0] ..`` from its query (columns alike): what a convolution with a
+        ``taps``-sized kernel and no padding reads. ``(B, in, (H_out−1)·sh + kh', (W_out−1)·sw
+        + kw')``."""
+        padded = self._pad(x)
+        pads = []
+        for axis in (1, 0):  # F.pad takes the last dimension first
+            before = -(self.anchor[axis] + starts[axis])
+            span = (outs[axis] - 1) * self.stride[axis] + taps[axis]
+            pads += [before, span - padded.shape[2 + axis] - before]
+        return F.pad(padded, pads)
+
+    def _band(self, factor: Tensor, axis: int, out: int) -> Tensor:
+        """``(heads, out, (out−1)·stride + k)``: each head's weights ``factor (heads, k)`` along
+        ``axis`` placed at every output pixel's window (row ``r`` holds them from column
+        ``r·stride`` on, zeros elsewhere): the attention along that axis as a matrix."""
+        taps, stride = factor.shape[1], self.stride[axis]
+        keys = torch.arange((out - 1) * stride + taps, device=factor.device)
+        index = keys[None, :] - torch.arange(out, device=factor.device)[:, None] * stride
+        inside = (index >= 0) & (index < taps)
+        return factor[:, index.clamp(0, taps - 1)] * inside
+
+    def _separable_positional(
+        self, window: Tensor, rows: Tensor, cols: Tensor, outs: tuple[int, int]
+    ) -> Tensor:
+        """``Σ_h (1 − g_h) W_h (R_h ⊗ C_h) x + bias``: each head's separable blur of ``window``
+        (``_window``'s), along rows as one matrix product over every image and channel, along
+        columns as one per head, then one product over channels and heads for every output
+        pixel of the batch at once, ``(B, out, H_out, W_out)``."""
+        batch, channels, height, width = window.shape
+        heads, groups, (out_h, out_w) = self.heads, self.groups, outs
+        row_band = self._band(rows, 0, out_h).to(window.dtype)  # (heads, H_out, height)
+        col_band = self._band(cols, 1, out_w).to(window.dtype)  # (heads, W_out, width)
+        planes = window.permute(2, 0, 1, 3).reshape(height, batch * channels * width)
+        along_rows = row_band.reshape(heads * out_h, height) @ planes
+        along_rows = along_rows.view(heads, out_h * batch * channels, width)
+        blurred = along_rows @ col_band.transpose(1, 2)  # (heads, H_out·B·in, W_out)
+        blurred = blurred.view(heads, out_h, batch, channels, out_w).permute(3, 0, 2, 1, 4)
+        blurred = blurred.reshape(groups, channels // groups * heads, batch * out_h * out_w)
+        keep = 1.0 - self.content_gates()
+        taps = self.weight.reshape(self.out_channels, channels // groups, heads) * keep
+        taps = taps.reshape(groups, self.out_channels // groups, -1).to(window.dtype)
+        y = (taps @ blurred).view(self.out_channels, batch, out_h, out_w).transpose(0, 1)
+        return y if self.bias is None else y + self.bias.to(y.dtype)[:, None, None]
 
     def _content_output(self, x: Tensor, out_h: int, out_w: int) -> Tensor:
         """``Σ_h g_h W_h P_c^{m(h)} x``: the gated content attention, projected, ``(B, out,
