@@ -92,3 +92,22 @@ def test_compare_checkpoints_refuses_two_datasets(tmp_path):
     second, _ = _checkpoint(tmp_path, "b", torch.zeros(10), dataset="fashion-mnist")
     with pytest.raises(UserError, match="same test images"):
         compare_checkpoints(str(first), str(second))
+
+
+def test_against_baseline_pairs_each_run_with_the_baseline_of_its_seed(tmp_path):
+    from attnconv.analysis.paired import PairedRun, against_baseline, format_against_baseline
+
+    a0, _ = _checkpoint(tmp_path, "a0", torch.zeros(10))
+    b0, _ = _checkpoint(tmp_path, "b0", torch.linspace(-3, 3, 10))
+    a1, _ = _checkpoint(tmp_path, "a1", torch.linspace(3, -3, 10))
+    runs = [
+        PairedRun("model", 0, 26, str(a0)),
+        PairedRun("cnn", 0, 50, str(b0)),
+        PairedRun("model", 1, 26, str(a1)),  # no baseline run of seed 1: left out
+    ]
+    pairs = against_baseline(runs, "cnn")
+    assert [(run.seed, cnn.seed) for run, cnn, _ in pairs] == [(0, 0)]
+    assert pairs[0][2] == compare_checkpoints(str(a0), str(b0))
+    table = format_against_baseline(pairs)
+    assert "| `model` | 0 | 26 (baseline: 50: not one budget) |" in table
+    assert f"{pairs[0][2].p_value:.3g} |" in table

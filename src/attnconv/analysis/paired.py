@@ -210,3 +210,51 @@ def compare_checkpoints(
     return mcnemar(
         predicted_a == labels, predicted_b == labels, predicted_a, predicted_b, name_a, name_b
     )
+
+
+@dataclass(frozen=True)
+class PairedRun:
+    """One finished run of a table: its model, seed, epochs trained and checkpoint (or folder)."""
+
+    preset: str
+    seed: int
+    epochs: int
+    checkpoint: str
+
+
+def against_baseline(
+    runs: list[PairedRun], baseline: str, data_dir: str | None = None
+) -> list[tuple[PairedRun, PairedRun, PairedComparison]]:
+    """Every run of another model against ``baseline``'s run of the same seed (where there is
+    one), on the test split: ``(run, baseline run, comparison)`` in the order of ``runs``. Runs
+    of different epochs are still compared; the table that shows them says so in the row."""
+    of_baseline = {run.seed: run for run in runs if run.preset == baseline}
+    pairs = []
+    for run in runs:
+        if run.preset == baseline or run.seed not in of_baseline:
+            continue
+        cnn = of_baseline[run.seed]
+        comparison = compare_checkpoints(run.checkpoint, cnn.checkpoint, data_dir)
+        pairs.append((run, cnn, comparison))
+    return pairs
+
+
+def format_against_baseline(pairs: list[tuple[PairedRun, PairedRun, PairedComparison]]) -> str:
+    """The pairs of :func:`against_baseline` as a Markdown table, one row per run: epochs of
+    both (one number when equal: the comparison is at one budget), both accuracies, the gap in
+    points, the images only one of the two gets right, McNemar's exact p."""
+    lines = [
+        "| model | seed | epochs | test acc. (%) | baseline | baseline acc. (%) | gap (points) "
+        "| right only for the model | right only for the baseline | McNemar p |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for run, cnn, result in pairs:
+        epochs = str(run.epochs) if run.epochs == cnn.epochs else (
+            f"{run.epochs} (baseline: {cnn.epochs}: not one budget)"
+        )
+        lines.append(
+            f"| `{run.preset}` | {run.seed} | {epochs} | {100 * result.accuracy_a:.2f} | "
+            f"`{cnn.preset}` | {100 * result.accuracy_b:.2f} | {100 * result.difference:+.2f} | "
+            f"{result.only_a} | {result.only_b} | {result.p_value:.3g} |"
+        )
+    return "\n".join(lines) + "\n"
