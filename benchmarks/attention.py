@@ -1,29 +1,44 @@
-"""Speed of MultiHeadSelfAttention2d against what a PyTorch user would write instead, and the floor.
+"""Speed of MultiHeadSelfAttention2d: each of its routes, the one it picks, and what a PyTorch user
+would write instead.
 
-Part 1, ``peers`` (all in this process, float32, forward+backward unless said otherwise): the
-paper's layer (isotropic Gaussian positional attention, no value projection, 9 heads, dim 400;
-``fashion``: dim 64 on 14×14 tokens, the layers of ``quadratic-fashion``) next to
+Part 1, ``peers``: the paper's layer (isotropic Gaussian positional attention, no value
+projection, 9 heads, dim 400; ``fashion``: dim 64 on 14×14 tokens, the layers of
+``quadratic-fashion``), at each size and in each mode (no-grad forward and forward+backward, in
+float32 and, where ``--precision`` resolves to bfloat16, under bfloat16 autocast):
 
-- the shared dense form: ``P = softmax(positional logits)`` ``(heads, N, N)`` once per forward and
-  one ``einsum`` applying it to the whole batch, then the output projection;
-- ``torch.compile(flex_attention)`` with the Gaussian as ``score_mod`` (zero queries and keys, the
-  input as one shared value head); forward only on a CPU, where FlexAttention has no backward;
-- the naive per-image form (``naive_attention.py``: ``(B, heads, N, N)`` probabilities);
+- every exact route of the layer, pinned (``attention/routes.py``: ``shared``, the ``(heads, N,
+  N)`` matrix applied to the batch; ``separable``, the row and column factors for all heads at
+  once; ``per head, chunks of C``, one head at a time fused with the output projection, in chunks
+  of ``C`` values, for each chunk size measured);
+- the layer as it picks: a fresh selector measures the routes on its first call (the untimed
+  warm-up) and takes the fastest; the route it took is printed below the table;
+- the peers: the shared dense form (``P = softmax(positional logits)`` ``(heads, N, N)`` once per
+  forward and one ``einsum`` applying it to the whole batch, then the output projection);
+  ``scaled_dot_product_attention`` with the positional logits as a 4-D mask (``SDPA + bias``);
+  the naive per-image form (``naive_attention.py``); ``torch.compile(flex_attention)`` with the
+  Gaussian as ``score_mod`` (float32; forward only on a CPU, where FlexAttention has no backward);
 - the floor: the layer's output projection ``Linear(heads·dim → dim)`` alone on an input of the
   same shape, the GEMMs every implementation shares.
 
-Targets: the layer ≥ 4× the best peer at 32×32 (batch 8), ≥ 15× at 64×64 (batch 2), ≥ 1.5× at the
-paper's size (batch 100, 16×16), and there within 1.3× of the floor; at the Fashion size (batch
-100, 14×14, dim 64) within 1.8× of the floor. When ``--precision`` (default
-``auto``) resolves to bfloat16, the layer under bfloat16 autocast is timed too.
+All contenders alternate in one process, best of ``--repeats`` rounds after a warm-up each, with
+freed memory kept for reuse and subnormal numbers flushed to zero for every one of them (so that
+no peer is slowed by them; the layer flushes its own), on a CPU per second of this process's CPU
+time (steadier where other work shares the cores). Ratios are that time over the layer's.
+
+Targets, in every mode: the layer's pick within 5% of the fastest of its own routes and no slower
+than the best peer (≥ 1.0×), ≥ 1.3× at the paper's size in float32, ≥ 4× at 32×32 (batch 8) and
+≥ 15× at 64×64 (batch 2) in float32 forward+backward; there, within 1.3× of the floor at the
+paper's size and 1.8× at the Fashion size.
 
 Part 2, ``scores``: every score type at every size, ``impl="auto"`` (fast exact path) against
 ``impl="dense"`` (explicit per-image N×N reference), forward+backward time and peak memory, each
 measurement in a fresh subprocess so that its peak memory (CPU: peak resident set growth; CUDA:
-peak allocated) is its own. Targets: isotropic Gaussian fast ≥ 2.5× dense at 32×32, ≥ 6× at
-64×64, with ≥ 2.5× less peak memory at 64×64.
+peak allocated) is its own; the fast path's routes are chosen in a subprocess before (kept in a
+cache file, ``ATTNCONV_ROUTE_CACHE``), so that the measurement's trials do not count in its peak.
+Targets: isotropic Gaussian fast ≥ 2.5× dense at 32×32, ≥ 6× at 64×64, with ≥ 2.5× less peak
+memory at 64×64.
 
-    python benchmarks/attention.py                            # both parts, every size
+    python benchmarks/attention.py --threads 1                  # both parts, every size
     python benchmarks/attention.py --sections peers --sizes paper --batch 10   # a quick look
 """
 
@@ -31,23 +46,38 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
-from unittest import mock
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from attnconv import MultiHeadSelfAttention2d
-from attnconv.attention import layer as layer_module
+from attnconv.attention import routes
 from attnconv.hardware import PRECISIONS, machine_description, resolve_precision
+from attnconv.memory import reuse_freed_memory
+from content_layer import alternate
 from data import synchronize
 from naive_attention import _positional_logits, naive_attention_forward, use_naive_attention
+from route_timing import (
+    PICKED,
+    ROUTE,
+    candidates,
+    fastest_route,
+    measuring,
+    picks,
+    pinned,
+    print_table,
+)
 
 SCORES = {
     "gaussian": {"positional": "gaussian"},
@@ -65,7 +95,9 @@ SIZES = {
     "32x32": (8, 32, 32, 9, 400),
     "64x64": (2, 64, 64, 9, 400),
 }
-PEER_TARGETS = {"32x32": 4.0, "64x64": 15.0, "paper": 1.5}  # layer speed-up over the best peer
+# the layer's speed-up over the best peer, float32 forward+backward (at least 1 everywhere)
+PEER_TARGETS = {"32x32": 4.0, "64x64": 15.0}
+PAPER_FP32_TARGET = 1.3  # the same at the paper's size in float32, both modes
 FLEX_VALUE_CHUNK = 128  # most value channels FlexAttention attends at once (see flex_forward)
 FLOOR_TARGETS = {"paper": 1.3, "fashion": 1.8}  # layer time ≤ this × its projection GEMMs alone
 
@@ -136,105 +168,100 @@ def best_seconds(run: Callable[[], None], repeats: int, device: torch.device) ->
     return best
 
 
-def time_forward(forward: Callable[[Tensor], Tensor], x: Tensor, grad: Tensor, backward: bool,
-                 repeats: int, autocast: bool = False) -> float:
-    """Seconds of ``forward(x)`` (and of the backward pass with output gradient ``grad``)."""
-    x = x.detach().requires_grad_(backward)
+def sdpa_bias_forward(layer: MultiHeadSelfAttention2d, x: Tensor) -> Tensor:
+    """``x (B, H, W, dim)`` → ``(B, H, W, dim)`` through ``scaled_dot_product_attention`` with
+    the positional logits as a 4-D mask ``(1, heads, N, N)``, queries and keys of zeros and the
+    input as every head's values, then the output projection."""
+    batch, height, width, dim = x.shape
+    n, heads = height * width, layer.heads
+    bias = _positional_logits(layer, height, width)  # (heads, N, N)
+    values = x.reshape(batch, 1, n, dim).expand(batch, heads, n, dim)
+    zeros = x.new_zeros(batch, heads, n, 1)
+    y = F.scaled_dot_product_attention(zeros, zeros, values, attn_mask=bias.to(x.dtype)[None])
+    return layer.out(y.transpose(1, 2).reshape(batch, height, width, heads * dim))
+
+
+MODES = (("no-grad", "fp32"), ("fwd+bwd", "fp32"), ("no-grad", "bf16"), ("fwd+bwd", "bf16"))
+PEERS = ("shared dense (einsum)", "SDPA + bias", "naive per image", "flex (compiled)")
+FLOOR = "floor: projection"
+
+
+def mode_run(forward: Callable[[Tensor], Tensor], x: Tensor, grad: Tensor, mode: str,
+             precision: str, context: Callable[[], AbstractContextManager] = nullcontext,
+             ) -> Callable[[], None]:
+    """One call of ``forward(x)`` in ``mode`` (``no-grad``, or ``fwd+bwd`` with output gradient
+    ``grad``) and ``precision`` (``bf16``: under bfloat16 autocast), within ``context()``."""
 
     def run() -> None:
-        with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=autocast):
-            y = forward(x)
-        if backward:
-            y.backward(grad.to(y.dtype))
-            x.grad = None
+        inputs = x.detach().requires_grad_(mode == "fwd+bwd")
+        with context(), torch.autocast(x.device.type, dtype=torch.bfloat16,
+                                       enabled=precision == "bf16"):
+            with torch.no_grad() if mode == "no-grad" else nullcontext():
+                y = forward(inputs)
+            if mode == "fwd+bwd":
+                y.backward(grad.to(y.dtype))
 
-    if backward:
-        return best_seconds(run, repeats, x.device)
-    with torch.no_grad():
-        return best_seconds(run, repeats, x.device)
+    return run
 
 
-def peers(size: str, batch: int, repeats: int, device: torch.device, bf16: bool) -> dict:
-    """Seconds of the layer, each peer and the floor at one size: ``{name: (fwd, fwd+bwd|None)}``."""
+def peers(size: str, batch: int, rounds: int, device: torch.device,
+          modes: tuple[tuple[str, str], ...]) -> tuple[dict, dict]:
+    """Seconds of each route, the layer as it picks, each peer and the floor in each mode at one
+    size, ``{mode: {name: seconds}}``, and the route picked in each mode."""
     _, height, width, heads, dim = SIZES[size]
     torch.manual_seed(0)
     layer = MultiHeadSelfAttention2d(dim, heads, positional="gaussian", max_size=max(height, width))
     layer = layer.to(device)
     x = torch.randn(batch, height, width, dim, device=device)
     grad = torch.randn(batch, height, width, dim, device=device)
-    candidates: dict[str, tuple[Callable[[Tensor], Tensor], bool]] = {
-        "layer": (layer, True),
-        "shared dense": (lambda t: shared_dense_forward(layer, t), True),
-        "flex (compiled)": (flex_forward(layer, width), device.type == "cuda"),
-        "naive per image": (lambda t: naive_attention_forward(layer, t), True),
-    }
-    other_route_name, other_route = other_route_forward(layer, height * width, device)
-    candidates[other_route_name] = (other_route, True)
     floor_input = torch.randn(batch, height, width, heads * dim, device=device)
-    result = {}
-    for name, (forward, has_backward) in candidates.items():
-        forward_s = time_forward(forward, x, grad, False, repeats)
-        both_s = time_forward(forward, x, grad, True, repeats) if has_backward else None
-        result[name] = (forward_s, both_s)
-        layer.zero_grad(set_to_none=True)
-    result["floor: projection"] = (
-        time_forward(layer.out, floor_input, grad, False, repeats),
-        time_forward(layer.out, floor_input, grad, True, repeats),
-    )
-    if bf16:
-        for name, forward in (("layer", layer), (other_route_name, other_route)):
-            result[f"{name}, bf16 autocast"] = (
-                time_forward(forward, x, grad, False, repeats, autocast=True),
-                time_forward(forward, x, grad, True, repeats, autocast=True),
-            )
-    layer.zero_grad(set_to_none=True)
-    return result
+    flex = flex_forward(layer, width)
+    times, picked = {}, {}
+    with measuring():
+        for mode, precision in modes:
+            names = candidates(mode_run(layer, x, grad, mode, precision))
+            runs = {ROUTE + name: mode_run(layer, x, grad, mode, precision,
+                                           lambda name=name: pinned(name))
+                    for name in names}
+            with picks() as chosen:
+                runs[PICKED] = mode_run(layer, x, grad, mode, precision)
+                peer_forwards = {
+                    PEERS[0]: lambda t: shared_dense_forward(layer, t),
+                    PEERS[1]: lambda t: sdpa_bias_forward(layer, t),
+                    PEERS[2]: lambda t: naive_attention_forward(layer, t),
+                }
+                if precision == "fp32" and (mode == "no-grad" or device.type == "cuda"):
+                    peer_forwards[PEERS[3]] = flex
+                for name, forward in peer_forwards.items():
+                    runs[name] = mode_run(forward, x, grad, mode, precision)
+                runs[FLOOR] = mode_run(layer.out, floor_input, grad, mode, precision)
+                try:
+                    times[mode, precision] = alternate(runs, rounds, device)
+                finally:
+                    layer.zero_grad(set_to_none=True)
+            picked[mode, precision] = chosen[-1]
+    return times, picked
 
 
-def other_route_forward(layer: MultiHeadSelfAttention2d, tokens: int,
-                        device: torch.device) -> tuple[str, Callable[[Tensor], Tensor]]:
-    """The layer forced onto the position-only route its dispatch did not pick here (the shared
-    ``(heads, N, N)`` matrix or the separable factors, ``layer.SHARED_MAX_TOKENS``), with a row
-    name: where it is faster than the layer, the dispatch threshold is wrong for this machine."""
-    shared_now = layer_module.use_shared_route(device, tokens)
-    forced = {} if shared_now else {device.type: tokens}
-
-    def forward(x: Tensor) -> Tensor:
-        with mock.patch.object(layer_module, "SHARED_MAX_TOKENS", forced):
-            return layer(x)
-
-    return ("layer, separable route" if shared_now else "layer, shared route"), forward
-
-
-def report_peers(size: str, batch: int, times: dict) -> list[tuple[str, float, float, bool]]:
+def report_peers(size: str, batch: int, times: dict, picked: dict
+                 ) -> list[tuple[str, float, float, bool]]:
     """Print one size's table; returns its target checks ``(name, value, target, higher_is_ok)``."""
-    layer_fwd, layer_both = times["layer"]
-    print(f"\n{size} (batch {batch}), seconds; ratio = that time / the layer's time")
-    width = max(map(len, times)) + 2
-    print(f"{'':<{width}}{'fwd s':>9}{'ratio':>8}{'fwd+bwd s':>11}{'ratio':>8}")
-    for name, (fwd, both) in times.items():
-        both_cols = f"{both:>11.4f}{both / layer_both:>7.2f}x" if both is not None else (
-            f"{'(no CPU backward)':>19}")
-        print(f"{name:<{width}}{fwd:>9.4f}{fwd / layer_fwd:>7.2f}x{both_cols}")
+    _, height, width, heads, dim = SIZES[size]
+    print_table(f"{size}: batch {batch}, {height}x{width} tokens, dim {dim}, {heads} heads",
+                times, picked)
     checks = []
-    peer_times = [both for name, (_, both) in times.items()
-                  if name in ("shared dense", "flex (compiled)", "naive per image")
-                  and both is not None]
-    if size in PEER_TARGETS:
-        checks.append((f"{size}: best peer / layer, fwd+bwd", min(peer_times) / layer_both,
-                       PEER_TARGETS[size], True))
-        # Every peer runs the same output projection, so no layer can beat this ratio here.
-        bound = min(peer_times) / times["floor: projection"][1]
-        print(f"bound: best peer / projection floor = {bound:.2f}x, the most any implementation "
-              f"that runs the projection can reach on this machine (layer reaches "
-              f"{min(peer_times) / layer_both / bound:.0%} of it)")
-    for name, (_, both) in times.items():
-        if name.startswith("layer, ") and name.endswith("route"):
-            checks.append((f"{size}: {name.removeprefix('layer, ')} / layer's route, fwd+bwd",
-                           both / layer_both, 1.0, True))
-    if size in FLOOR_TARGETS:
-        checks.append((f"{size}: layer / projection floor, fwd+bwd",
-                       layer_both / times["floor: projection"][1], FLOOR_TARGETS[size], False))
+    for mode, precision in times:
+        best = times[mode, precision]
+        ours, label = best[PICKED], f"{size} {mode} {precision}"
+        checks.append((f"{label}: pick / fastest route", ours / fastest_route(best), 1.05, False))
+        peer = min(seconds for name, seconds in best.items() if name in PEERS)
+        target = PAPER_FP32_TARGET if (size, precision) == ("paper", "fp32") else 1.0
+        if (mode, precision) == ("fwd+bwd", "fp32"):
+            target = max(target, PEER_TARGETS.get(size, 1.0))
+            if size in FLOOR_TARGETS:
+                checks.append((f"{label}: layer / projection floor", ours / best[FLOOR],
+                               FLOOR_TARGETS[size], False))
+        checks.append((f"{label}: best peer / layer", peer / ours, target, True))
     return checks
 
 
@@ -247,7 +274,8 @@ def _rss_bytes() -> int:
 
 
 def measure(score: str, size: str, path: str, repeats: int, device: str) -> dict:
-    """Seconds per forward+backward and peak extra memory (bytes) of one configuration."""
+    """Seconds per forward+backward, peak extra memory (bytes) and the route taken (``None`` for
+    the dense and naive paths) of one configuration."""
     batch, height, width, heads, dim = SIZES[size]
     torch.manual_seed(0)
     options = dict(SCORES[score])
@@ -274,39 +302,49 @@ def measure(score: str, size: str, path: str, repeats: int, device: str) -> dict
         base = torch.cuda.memory_allocated()
     else:
         base = _rss_bytes()
-    step()  # warm-up, also the memory measurement
+    with picks() as chosen:
+        step()  # warm-up, also the memory measurement
     peak = (
         torch.cuda.max_memory_allocated() - base
         if device == "cuda"
         else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - base
     )
     return {"seconds": best_seconds(step, repeats, torch.device(device)) if repeats else 0.0,
-            "peak_bytes": max(peak, 1)}
+            "peak_bytes": max(peak, 1), "route": chosen[-1] if chosen else None}
 
 
-def run_isolated(score: str, size: str, path: str, repeats: int, device: str) -> dict:
+def run_isolated(score: str, size: str, path: str, repeats: int, device: str,
+                 cache: Path) -> dict:
+    """``measure`` in a fresh process with this one's torch threads, the routes chosen by
+    measurement and kept in the cache file ``cache`` (a later process reads them there)."""
+    env = {**os.environ, routes.CACHE_ENV: str(cache), routes.TIMING_ENV: "on",
+           "OMP_NUM_THREADS": str(torch.get_num_threads())}
     out = subprocess.run(
         [sys.executable, __file__, "--one", score, size, path, "--repeats", str(repeats),
-         "--device", device],
-        capture_output=True, text=True, check=True,
+         "--device", device, "--threads", str(torch.get_num_threads())],
+        capture_output=True, text=True, check=True, env=env,
     )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def scores_part(args: argparse.Namespace) -> list[tuple[str, float, float, bool]]:
     header = (f"{'score':<16}{'size':<7}{'fast s':>9}{'dense s':>9}{'speed-up':>9}"
-              f"{'fast MB':>9}{'dense MB':>10}{'mem ratio':>10}")
+              f"{'fast MB':>9}{'dense MB':>10}{'mem ratio':>10}  fast route")
     print("\n" + header + "\n" + "-" * len(header))
     results = {}
-    for size in args.sizes:
-        for score in args.scores:
-            fast = run_isolated(score, size, "auto", args.repeats, args.device)
-            dense = run_isolated(score, size, "dense", args.repeats, args.device)
-            results[score, size] = (fast, dense)
-            print(f"{score:<16}{size:<7}{fast['seconds']:>9.3f}{dense['seconds']:>9.3f}"
-                  f"{dense['seconds'] / fast['seconds']:>8.1f}x"
-                  f"{fast['peak_bytes'] / 2**20:>9.0f}{dense['peak_bytes'] / 2**20:>10.0f}"
-                  f"{dense['peak_bytes'] / fast['peak_bytes']:>9.1f}x", flush=True)
+    with tempfile.TemporaryDirectory() as folder:
+        cache = Path(folder) / "routes.json"
+        for size in args.sizes:
+            for score in args.scores:
+                run_isolated(score, size, "auto", 0, args.device, cache)  # chooses the route
+                fast = run_isolated(score, size, "auto", args.repeats, args.device, cache)
+                dense = run_isolated(score, size, "dense", args.repeats, args.device, cache)
+                results[score, size] = (fast, dense)
+                print(f"{score:<16}{size:<7}{fast['seconds']:>9.3f}{dense['seconds']:>9.3f}"
+                      f"{dense['seconds'] / fast['seconds']:>8.1f}x"
+                      f"{fast['peak_bytes'] / 2**20:>9.0f}{dense['peak_bytes'] / 2**20:>10.0f}"
+                      f"{dense['peak_bytes'] / fast['peak_bytes']:>9.1f}x  {fast['route']}",
+                      flush=True)
     checks = []
     if ("gaussian", "32x32") in results:
         fast, dense = results["gaussian", "32x32"]
@@ -321,7 +359,7 @@ def scores_part(args: argparse.Namespace) -> list[tuple[str, float, float, bool]
     return checks
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sections", nargs="+", choices=("peers", "scores"),
                         default=["peers", "scores"])
@@ -329,26 +367,34 @@ def main() -> None:
     parser.add_argument("--scores", nargs="+", choices=list(SCORES), default=list(SCORES))
     parser.add_argument("--batch", type=int, help="peers: this batch at every size (default: "
                         "each size's own; the targets are for those)")
-    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=2,
+                        help="peers: alternating rounds; scores: timed steps (the best counts)")
     parser.add_argument("--precision", choices=PRECISIONS, default="auto",
-                        help="peers: also time the layer under bf16 autocast when this resolves "
-                        "to bf16 (auto: where the device computes in bfloat16 natively)")
+                        help="peers: also time every contender under bf16 autocast when this "
+                        "resolves to bf16 (auto: where the device computes in bfloat16 natively)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--threads", type=int, help="torch's CPU threads (default: its own)")
     parser.add_argument("--one", nargs=3, metavar=("SCORE", "SIZE", "PATH"), help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    torch.set_flush_denormal(True)  # every contender alike (the layer flushes its own anyway)
     if args.one:
         print(json.dumps(measure(*args.one, args.repeats, args.device)))
         return
     if args.repeats < 1 or (args.batch is not None and args.batch < 1):
         parser.error("--repeats and --batch must be >= 1")
     device = torch.device(args.device)
+    if device.type == "cpu":
+        reuse_freed_memory()
     print(machine_description(device))
     checks = []
     if "peers" in args.sections:
-        bf16 = resolve_precision(args.precision, device) == "bf16"
+        modes = MODES if resolve_precision(args.precision, device) == "bf16" else MODES[:2]
         for size in args.sizes:
             batch = args.batch or SIZES[size][0]
-            checks += report_peers(size, batch, peers(size, batch, args.repeats, device, bf16))
+            times, picked = peers(size, batch, args.repeats, device, modes)
+            checks += report_peers(size, batch, times, picked)
     if "scores" in args.sections:
         checks += scores_part(args)
     note = f" (measured at batch {args.batch}; the targets are for the default batches)"
@@ -357,7 +403,7 @@ def main() -> None:
         met = value >= target if higher else value <= target
         sign = ">=" if higher else "<="
         verdict = "met" if met else "NOT met"
-        print(f"  {name:<44} {value:6.2f}x  (target {sign} {target}x)  {verdict}")
+        print(f"  {name:<46} {value:6.2f}x  (target {sign} {target}x)  {verdict}")
 
 
 if __name__ == "__main__":

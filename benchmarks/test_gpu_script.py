@@ -51,13 +51,16 @@ def test_the_dry_run_rehearses_every_stage_on_the_cpu() -> None:
     assert "failed" not in out and "stopped at the stage limit" not in out, out
     for stage in ("1/4", "2/4", "3/4", "4/4"):
         assert f"== stage {stage}" in out
-    # Stage 1: the layer and every peer, FlexAttention included, with positive times.
-    for name in ("layer", "shared dense", "flex (compiled)", "naive per image",
+    # Stage 1: the layer's routes, the layer as it picks and every peer, FlexAttention included,
+    # with positive times.
+    for name in ("route: shared", "route: separable", "layer, as it picks",
+                 "shared dense (einsum)", "SDPA + bias", "flex (compiled)", "naive per image",
                  "floor: projection"):
-        row = re.search(rf"^{re.escape(name)}\s+(\d+\.\d+)\s+(\d+\.\d+)x", out, re.MULTILINE)
+        row = re.search(rf"^{re.escape(name)}\s+(\d+\.\d+) \((\d+\.\d+)x\)", out, re.MULTILINE)
         assert row is not None, name
         assert float(row.group(1)) > 0
-    assert re.search(r"^layer\s+\S+\s+1\.00x\s+\S+\s+1\.00x", out, re.MULTILINE)
+    assert re.search(r"^layer, as it picks(\s+\S+ \(1\.00x\)){4}$", out, re.MULTILINE)
+    assert re.search(r"^picked: no-grad fp32: \S", out, re.MULTILINE)
     # Stage 2: both forms of the content model in both precisions.
     content_rows = re.findall(r"^(w·r \+ .*?)\s+(fp32|bf16)\s+(\d+\.\d+)\s+(\d+\.\d+)", out,
                               re.MULTILINE)

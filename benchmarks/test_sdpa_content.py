@@ -1,7 +1,6 @@
 """The benchmarks' content peers (SDPA + bias, the previous path) compute the same function as
 the layer, and content_layer.py prints its comparison."""
 
-import contextlib
 import re
 from functools import partial
 
@@ -67,12 +66,9 @@ def test_previous_path_matches_layer_forward_and_gradients() -> None:
     x = torch.randn(2, 14, 14, 64, dtype=torch.float64, requires_grad=True)
     weight = torch.randn(2, 14, 14, 64, dtype=torch.float64)
     results = []
-    for forward, context in ((layer, contextlib.nullcontext),
-                             (partial(content_layer.previous_forward, layer),
-                              content_layer.whole_batch)):
-        with context():
-            y = forward(x)
-            grads = torch.autograd.grad((y * weight).sum(), [x, *layer.parameters()])
+    for forward in (layer, partial(content_layer.previous_forward, layer)):
+        y = forward(x)
+        grads = torch.autograd.grad((y * weight).sum(), [x, *layer.parameters()])
         results.append((y, grads))
     (y, grads), (y_old, grads_old) = results
     torch.testing.assert_close(y_old, y, rtol=1e-10, atol=1e-12)
@@ -80,33 +76,35 @@ def test_previous_path_matches_layer_forward_and_gradients() -> None:
         torch.testing.assert_close(got, expected, rtol=1e-9, atol=1e-12)
 
 
-def test_content_layer_benchmark_prints_every_mode_as_ratios(monkeypatch, capsys) -> None:
+def test_content_layer_benchmark_prints_every_route_mode_and_peer_as_ratios(
+    monkeypatch, capsys
+) -> None:
     monkeypatch.setattr(content_layer, "reuse_freed_memory", lambda: True)  # not in the tests
     threads = torch.get_num_threads()
     try:
-        content_layer.main(["--batch", "2", "--rounds", "1", "--threads", "1"])
+        content_layer.main(["--sizes", "fashion", "--batch", "2", "--rounds", "1",
+                            "--threads", "1"])
     finally:
         torch.set_num_threads(threads)
+        torch.set_flush_denormal(False)
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("CPU ") and "1 threads" in lines[0]
-    for mode, precision in content_layer.MODES:
-        [line] = [line for line in lines if line.split()[:2] == [mode, precision]]
-        assert len(re.findall(r"\d+\.\d+ms", line)) == 3 and len(re.findall(r"\d+\.\d+x", line)) == 2
+    [header] = [line for line in lines if line.split()[:2] == ["no-grad", "fp32"]]
+    assert header.split() == [word for mode in content_layer.MODES for word in mode]
+    rows = {line.split("  ")[0]: line for line in lines if re.search(r"\d+\.\d\d \(", line)}
+    routes = [name for name in rows if name.startswith("route: ")]
+    assert "route: fused" in routes and any(name.startswith("route: folded") for name in routes)
+    for name in ["layer, as it picks", "SDPA + bias", "previous"]:
+        assert len(re.findall(r"\d+\.\d\d \(\d+\.\d\dx\)", rows[name])) == 4, name
+    assert rows["layer, as it picks"].count("(1.00x)") == 4
+    [picked] = [line for line in lines if line.startswith("picked: ")]
+    assert all(f"{mode} {precision}: " in picked for mode, precision in content_layer.MODES)
     [header] = [line for line in lines if line.startswith("precision ")]
     assert header.split()[1:] == ["learned-content-fashion", "content,", "two", "maps",
-                                  "vit-fashion", "vit,", "folded", "route",
-                                  "vit-fashion", "/", "learned-content-fashion",
-                                  "two", "maps", "/", "folded", "vit", "folded", "/", "fused"]
+                                  "vit-fashion", "vit-fashion", "/", "learned-content-fashion",
+                                  "two", "maps", "/", "folded"]
     for precision in ("fp32", "bf16"):
         [line] = [line for line in lines if line.startswith(precision + " ")]
-        assert len(re.findall(r"\d+\.\dms", line)) == 4 and len(re.findall(r"\d+\.\d+x", line)) == 3
-
-
-def test_the_vit_folded_column_takes_the_folded_route_with_gradients_on_a_cpu() -> None:
-    cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    assert content_layer.content.uses_sdpa(cpu, torch.float32, True, masked=False)
-    with content_layer.folded_with_gradients():
-        assert not content_layer.content.uses_sdpa(cpu, torch.float32, True, masked=False)
-        assert content_layer.content.uses_sdpa(cpu, torch.float32, False, masked=False)
-        assert content_layer.content.uses_sdpa(cuda, torch.bfloat16, True, masked=False)
-    assert content_layer.content.uses_sdpa(cpu, torch.float32, True, masked=False)
+        assert len(re.findall(r"\d+\.\dms", line)) == 3 and len(re.findall(r"\d+\.\d+x", line)) == 2
+    targets = [line for line in lines if "(target " in line]
+    assert len(targets) == 2 * len(content_layer.MODES)

@@ -11,6 +11,11 @@ import torch
 
 from attnconv.data import fashion_mnist
 
+# Attention routes are measured on first use (attnconv/attention/routes.py); the suite takes the
+# rule-based ones instead, so that no result depends on a timing (tests that compare bits pin a
+# route). Subprocesses inherit it; tests of the measurement turn it on for themselves.
+os.environ["ATTNCONV_ROUTE_TIMING"] = "off"
+
 # pytest -n 2 runs two workers on this project's 2-core machines. With torch's default of one
 # intra-op thread per core each, four busy-waiting OpenMP threads share two cores and small
 # models run 10× slower; one thread per worker (inherited by subprocesses) avoids that.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 from unittest import mock
 
@@ -15,6 +16,7 @@ from attnconv import MultiHeadSelfAttention2d
 from attnconv.attention import layer as layer_module
 from attnconv.attention import scores
 from memory_probe import LargestOutput
+from route_helpers import pinned_route, route_names
 
 # (positional, content, content_positional)
 CONFIGS = [
@@ -47,26 +49,24 @@ def make_layer(config, dim, heads, head_dim, seed, **kwargs) -> MultiHeadSelfAtt
     return layer
 
 
-# "auto" with every size above the fused per-head threshold, so small tests reach that route too;
-# "auto-shared": separable layers through the shared (heads, N, N) matrix, the route a GPU takes
-# for small images (layer.SHARED_MAX_TOKENS), taken here on the CPU
-ROUTES = ("auto", "auto-fused", "auto-shared", "dense")
+def every_route(layer, x, then=None) -> list[str]:
+    """Every route the layer can take on ``x`` (``attention/routes.py``: the separable factors
+    for all heads, one head at a time with each measured chunk size, the shared ``(heads, N, N)``
+    matrix; SDPA's fused kernel, the folded kernel with each measured block size), and
+    ``"dense"``, the reference path."""
+    layer.impl = "auto"
+    with torch.no_grad():
+        return [*route_names(lambda: layer(x.to(layer.out.weight.dtype), then=then)), "dense"]
 
 
 def forward_and_grads(layer, x, impl, weight, dtype, then=None):
-    """``layer(x, then=then)`` on route ``impl`` in ``dtype``, and the gradients of ``(y ·
-    weight).sum()`` for the input and every parameter (``then``'s prefixed ``then.``)."""
+    """``layer(x, then=then)`` on route ``impl`` in ``dtype`` (a name of ``every_route``), and the
+    gradients of ``(y · weight).sum()`` for the input and every parameter (``then``'s prefixed
+    ``then.``)."""
     layer = layer.to(dtype)
     layer.impl = "dense" if impl == "dense" else "auto"
     x = x.to(dtype).detach().requires_grad_(True)
-    threshold = 0 if impl == "auto-fused" else layer_module.FUSED_MIN_ELEMENTS
-    shared = dict(layer_module.SHARED_MAX_TOKENS)
-    if impl == "auto-shared":
-        shared[x.device.type] = x.shape[1] * x.shape[2]
-    with (
-        mock.patch.object(layer_module, "FUSED_MIN_ELEMENTS", threshold),
-        mock.patch.object(layer_module, "SHARED_MAX_TOKENS", shared),
-    ):
+    with contextlib.nullcontext() if impl == "dense" else pinned_route(impl):
         y = layer(x, then=then)
     (y * weight.to(dtype)).sum().backward()
     grads = {name: p.grad.double().clone() for name, p in layer.named_parameters()}
@@ -107,7 +107,7 @@ def test_every_path_matches_reference_float64_forward_and_gradients(
     x = torch.randn(2, height, width, dim, generator=gen, dtype=torch.float64)
     weight = torch.randn(2, height, width, dim, generator=gen, dtype=torch.float64)
     y_ref, g_ref = reference_and_grads(layer, x, weight)
-    for impl in ROUTES:
+    for impl in every_route(layer, x):
         y, grads = forward_and_grads(layer, x, impl, weight, torch.float64)
         assert rel_err(y, y_ref) < 1e-10, impl
         assert grads.keys() == g_ref.keys()
@@ -123,7 +123,7 @@ def test_float32_paths_match_float64_reference(config, height, width):
     x = torch.randn(3, height, width, 6, generator=gen, dtype=torch.float64)
     weight = torch.randn(3, height, width, 6, generator=gen, dtype=torch.float64)
     y_ref, g_ref = reference_and_grads(layer, x, weight)
-    for impl in ROUTES:
+    for impl in every_route(layer, x):
         y, grads = forward_and_grads(layer, x, impl, weight, torch.float32)
         assert rel_err(y, y_ref) < 1e-5, impl
         for name in grads:
@@ -444,7 +444,7 @@ def test_a_following_linear_map_folded_or_not_matches_the_reference(config, batc
     g_ref["input"] = x_ref.grad.clone()
     layer.zero_grad()
     then.zero_grad()
-    for impl in ROUTES:
+    for impl in every_route(layer, x, then):
         y, grads = forward_and_grads(layer, x, impl, weight, torch.float64, then=then)
         assert rel_err(y, y_ref.detach()) < 1e-10, impl
         assert grads.keys() == g_ref.keys()

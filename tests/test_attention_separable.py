@@ -94,8 +94,7 @@ def test_matches_plain_reference_forward_and_every_gradient_float64(
 def test_image_chunks_are_as_few_as_fit_and_equal_with_the_largest_first(batch, per_chunk):
     """The scratch buffers are sized for the first chunk: it must be the largest."""
     values = torch.empty(batch, 2, 3, 1)
-    with mock.patch.object(separable, "CHUNK_ELEMENTS", per_chunk * 6):
-        chunks = separable._image_chunks(values)
+    chunks = separable._image_chunks(values, per_chunk * 6)
     sizes = [c.stop - c.start for c in chunks]
     assert chunks[0].start == 0 and chunks[-1].stop == batch
     assert all(a.stop == b.start for a, b in itertools.pairwise(chunks))
@@ -196,22 +195,23 @@ def test_the_shared_route_is_for_small_images_on_a_gpu_only():
     assert not layer_module.use_shared_route(cpu, 1)
 
 
-@pytest.mark.parametrize("positional", ["gaussian", "learned"])
+@pytest.mark.parametrize("positional", ["gaussian", "learned", "hard"])
 def test_on_the_shared_route_a_separable_layer_forms_no_factors_and_returns_dense_probabilities(
     positional,
 ):
     """With the route check answering yes (as on a GPU for small images), a separable layer
     attends through one ``(heads, N, N)`` matrix: the separable route is never called, and the
-    probabilities it returns are the dense reference's. Its output and gradients are checked
-    against the independent reference with every other route (tests/test_attention_layer.py,
-    ROUTES' "auto-shared")."""
+    probabilities it returns are the dense reference's (for hard attention too, the s → ∞
+    limit). Its output and gradients are checked against the independent reference with every
+    other route (tests/test_attention_layer.py, ``every_route``)."""
     torch.manual_seed(0)
-    layer = MultiHeadSelfAttention2d(5, 3, positional=positional, max_size=6).double()
+    options = {"positional": "gaussian", "hard": True} if positional == "hard" else {
+        "positional": positional}
+    layer = MultiHeadSelfAttention2d(5, 3, max_size=6, **options).double()
     with torch.no_grad():  # move the encoding off its initial values
         for parameter in layer.position.parameters():
             parameter.add_(0.3 * torch.randn_like(parameter))
-    reference = MultiHeadSelfAttention2d(5, 3, positional=positional, max_size=6,
-                                         impl="dense").double()
+    reference = MultiHeadSelfAttention2d(5, 3, max_size=6, impl="dense", **options).double()
     reference.load_state_dict(layer.state_dict())
     x = torch.randn(2, 4, 5, 5, dtype=torch.float64)
     with (

@@ -104,3 +104,36 @@ def test_compute_dtype_runs_reduced_precision_only_where_native(
 ) -> None:
     fake_cpu(monkeypatch, features)
     assert hardware.compute_dtype(dtype, CPU) == expected
+
+
+def test_cache_sizes_are_read_from_what_linux_reports(tmp_path, monkeypatch) -> None:
+    caches = [(1, "Data", "48K"), (1, "Instruction", "64K"), (2, "Unified", "2048K"),
+              (3, "Unified", "480M")]
+    for index, (level, kind, size) in enumerate(caches):
+        folder = tmp_path / f"index{index}"
+        folder.mkdir()
+        for name, text in (("level", level), ("type", kind), ("size", size)):
+            (folder / name).write_text(f"{text}\n")
+    monkeypatch.setattr(hardware, "CACHE_FOLDER", tmp_path)
+    hardware.cache_bytes.cache_clear()
+    try:
+        assert hardware.cache_bytes(1) == 48 * 2**10  # the data cache, not the instruction one
+        assert hardware.cache_bytes(2) == 2 * 2**20
+        assert hardware.cache_bytes(3) == 480 * 2**20
+        assert hardware.cache_bytes(4) is None
+        monkeypatch.setattr(hardware, "CACHE_FOLDER", tmp_path / "missing")
+        hardware.cache_bytes.cache_clear()
+        assert hardware.cache_bytes(2) is None
+    finally:
+        hardware.cache_bytes.cache_clear()
+
+
+def test_the_machine_key_names_the_cpu_its_features_l2_and_torch(monkeypatch) -> None:
+    fake_cpu(monkeypatch, ZEN5)
+    monkeypatch.setattr(hardware, "cpu_model", lambda: "AMD EPYC 9B45")
+    monkeypatch.setattr(hardware, "cache_bytes", lambda level: 2**20 if level == 2 else None)
+    assert hardware.machine_key() == (
+        f"AMD EPYC 9B45 (AVX2, AVX-512, AVX512-BF16, L2 1024 KiB), torch {torch.__version__}")
+    monkeypatch.setattr(hardware, "cache_bytes", lambda level: None)
+    fake_cpu(monkeypatch, dict.fromkeys(ZEN3, False))
+    assert hardware.machine_key() == f"AMD EPYC 9B45 (no AVX2), torch {torch.__version__}"

@@ -1,4 +1,5 @@
-"""What the machine can do fast: native bfloat16, the CPU's vector units, a one-line description.
+"""What the machine can do fast: native bfloat16, the CPU's vector units and caches, a one-line
+description.
 
 ``resolve_precision("auto", device)`` turns the ``precision`` setting of ``attnconv train``,
 ``attnconv eval``, the demo and the benchmarks into the one that runs:
@@ -17,9 +18,11 @@ An explicit ``"bf16"`` on hardware without it still runs, after one warning line
 
 from __future__ import annotations
 
+import functools
 import platform
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
@@ -125,6 +128,41 @@ def cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine() or "unknown CPU"
+
+
+CACHE_FOLDER = Path("/sys/devices/system/cpu/cpu0/cache")
+"""Where Linux describes the caches of the first core (``index*/level``, ``type``, ``size``)."""
+
+
+@functools.cache
+def cache_bytes(level: int) -> int | None:
+    """Bytes of the level-``level`` data (or unified) cache of one core, as Linux reports it
+    (``CACHE_FOLDER``); ``None`` where it does not (another system, a container hiding it)."""
+    for index in sorted(CACHE_FOLDER.glob("index*")):
+        try:
+            if int((index / "level").read_text()) != level:
+                continue
+            if (index / "type").read_text().strip() == "Instruction":
+                continue
+            size = (index / "size").read_text().strip()
+        except (OSError, ValueError):
+            continue
+        units = {"K": 2**10, "M": 2**20, "G": 2**30}
+        if size[-1:] in units and size[:-1].isdigit():
+            return int(size[:-1]) * units[size[-1]]
+        if size.isdigit():
+            return int(size)
+    return None
+
+
+def machine_key() -> str:
+    """What a measured choice holds for (``attention/routes.py``'s cache file): the CPU model, its
+    features and L2 cache, and the torch build. A GPU is named in each choice's own key."""
+    features = cpu_features()
+    flags = ", ".join(name for key, name in FEATURE_NAMES if features[key])
+    l2 = cache_bytes(2)
+    cache = "" if l2 is None else f", L2 {l2 // 2**10} KiB"
+    return f"{cpu_model()} ({flags or 'no AVX2'}{cache}), torch {torch.__version__}"
 
 
 def machine_description(device: torch.device | str) -> str:

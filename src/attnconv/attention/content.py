@@ -17,11 +17,16 @@ so no ``(B, heads, N, N)`` content × position tensor is built, and its gradient
 without content × position) is instead added as one ``(heads, N, N)`` bias, its gradient summed
 over the batch (folding it, a product 16 + 28 wide, cost more than an add from cache).
 
-Routes (``content_attention`` picks one; all exact, tested against explicit float64 attention):
+Routes (``content_attention`` takes the one measured fastest for its key, ``attention/routes.py``,
+or where routes are not measured the rules ``uses_sdpa`` and ``block_entries``; all exact, tested
+against explicit float64 attention):
 
 * **fused**: where neither the probabilities nor dropout are wanted and nothing is folded,
   ``scaled_dot_product_attention`` with the bias as a ``(1, heads, N, N)`` mask (a 4-D mask is
-  what the fused kernels take), where it measured faster (``uses_sdpa``). On a CPU in float32 or
+  what the fused kernels take). The rule (``uses_sdpa``) takes it where it measured faster on the
+  machines below; on an Intel Xeon with AMX (one thread, Fashion size, batch 100) it was also the
+  faster without gradients in bfloat16 (56 ms against 71 ms for the blocks), which the rule does
+  not know and the measured choice finds. On a CPU in float32 or
   float64, without gradients, or with them where there is no bias (its fused kernel has no
   gradient for a mask; a plain ViT's attention has none): at the Fashion-MNIST size (14×14
   tokens, 9 heads of 16, batch 100; AMD EPYC Zen 5, one thread) without gradients as fast as the
@@ -36,9 +41,10 @@ Routes (``content_attention`` picks one; all exact, tested against explicit floa
 * **folded**: ``torch.softmax`` (one pass; a hand-written max-subtract / exp / sum / divide took
   twice as long), dropout, the weighted sum, and a custom backward with the products the
   gradients need (none for the indicators). On a CPU the ``(B, heads, N, N)`` products run a block
-  of (image, head) slices at a time (``blocks``, ``BLOCK_ENTRIES``), so that the logits, the
-  probabilities and their gradients of a block are used while in the core's cache, the bias is
-  added within the product of a one-image block (``baddbmm``) and its gradient summed there; on
+  of (image, head) slices at a time (``blocks``), so that the logits, the probabilities and their
+  gradients of a block are used while in the core's cache, the bias is added within the product
+  of a one-image block (``baddbmm``) and its gradient summed there; the block size is measured
+  among sizes scaled to the core's L2 cache (``block_budgets``; the rule: ``BLOCK_ENTRIES``). On
   other devices one block is the whole batch (small products would idle a GPU). Without gradients
   and probabilities nothing is kept for a backward.
 
@@ -52,6 +58,7 @@ emulated.
 from __future__ import annotations
 
 import contextlib
+from functools import partial
 from typing import Any
 
 import torch
@@ -59,6 +66,8 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.flop_counter import flop_registry, register_flop_formula, sdpa_flop_count
 
+from attnconv import hardware
+from attnconv.attention import routes
 from attnconv.hardware import compute_dtype
 
 _CPU_SDPA = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
@@ -139,76 +148,168 @@ def content_attention(
     needs_grad = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (query, key, value, row, col, bias)
     )
+    if row is not None and row.shape[-1] * col.shape[-1] != n:
+        raise ValueError(
+            f"row and col cover {row.shape[-1]}x{col.shape[-1]} keys, expected {n} (N of the "
+            "queries)"
+        )
     with torch.autocast(device_type, enabled=False) if autocasts else contextlib.nullcontext():
-        if (
+        fusable = (
             not return_probs
             and dropout == 0.0
             and row is None
             and query is not None
             and value.shape[-1] == query.shape[-1]
-            and uses_sdpa(value.device, dtype, needs_grad, masked=bias is not None)
-        ):
-            out = F.scaled_dot_product_attention(
-                query.to(dtype),
-                key.to(dtype),
-                value.to(dtype).expand(batch, heads, n, value.shape[-1]),
-                attn_mask=None if bias is None else bias.to(dtype)[None],
-                scale=1.0,
-            )
-            return out, None
-        parts, indicators = [], None
-        if query is not None:
-            parts.append(query.to(dtype))
-            key = key.to(dtype).contiguous()  # used in two products: one copy, not two
-        if row is not None:
-            height, width = row.shape[-1], col.shape[-1]
-            if height * width != n:
-                raise ValueError(
-                    f"row and col cover {height}x{width} keys, expected {n} (N of the queries)"
-                )
-            parts += [
-                row.to(dtype).expand(batch, heads, n, height),
-                col.to(dtype).expand(batch, heads, n, width),
-            ]
-            indicators = key_indicators(height, width, dtype=dtype, device=value.device)
-        queries = parts[0].contiguous() if len(parts) == 1 else torch.cat(parts, dim=-1)
-        value = value.to(dtype).contiguous()
-        bias = None if bias is None else bias.to(dtype)
-        if not (needs_grad or return_probs or dropout > 0.0):
-            return _attend(queries, _keys(key, indicators, batch, heads, n), value, bias)[0], None
-        out, probs = _FoldedAttention.apply(queries, key, indicators, value, bias, float(dropout))
-        return out, probs if return_probs else None
+        )
+        # Block sizes that cut the batch alike are one route (the rule's first).
+        partitions = {}
+        for budget in (block_entries(value.device), *block_budgets(value.device)):
+            partitions.setdefault(slices_per_block(batch, heads, n, budget), budget)
+        candidates = {FUSED: None} if fusable else {}
+        candidates |= {folded_route(budget): budget for budget in sorted(partitions.values())}
+        rule = folded_route(block_entries(value.device))
+        if fusable and uses_sdpa(value.device, dtype, needs_grad, masked=bias is not None):
+            rule = FUSED
+        shape = {
+            "batch": batch,
+            "heads": heads,
+            "tokens": n,
+            "query": 0 if query is None else query.shape[-1],
+            "folded": 0 if row is None else row.shape[-1] + col.shape[-1],
+            "value": f"{value.shape[1]}x{value.shape[-1]}",
+            "bias": bias is not None,
+            "probs": return_probs,
+            "dropout": dropout > 0.0,
+        }
+        options = (dropout, return_probs, dtype, needs_grad)
+
+        def run(name: str, *tensors: Tensor | None) -> Tensor:
+            return _content_route(candidates[name], *tensors, *options)[0]
+
+        tensors = (query, key, value, row, col, bias)
+        route = routes.SELECTOR.choose(
+            routes.route_key("content", shape, dtype, needs_grad, value.device),
+            {name: routes.trial(partial(run, name), tensors, (), needs_grad)
+             for name in candidates},
+            rule,
+            value.device,
+        )
+        return _content_route(candidates[route], *tensors, *options)
+
+
+FUSED = "fused"
+"""The fused route's name (``scaled_dot_product_attention``)."""
+
+
+def folded_route(budget: float) -> str:
+    """The name of the folded route with blocks of at most ``budget`` entries of logits."""
+    return "folded, whole batch" if budget == float("inf") else f"folded, blocks of {int(budget)}"
+
+
+def _content_route(
+    budget: float | None,
+    query: Tensor | None,
+    key: Tensor | None,
+    value: Tensor,
+    row: Tensor | None,
+    col: Tensor | None,
+    bias: Tensor | None,
+    dropout: float,
+    return_probs: bool,
+    dtype: torch.dtype,
+    needs_grad: bool,
+) -> tuple[Tensor, Tensor | None]:
+    """``content_attention`` on one route, in ``dtype`` (autocast off): the fused one where
+    ``budget`` is ``None``, else the folded one in blocks of at most ``budget`` entries."""
+    batch, _, n, _ = value.shape
+    heads = (row if query is None else query).shape[1]
+    if budget is None:
+        out = F.scaled_dot_product_attention(
+            query.to(dtype),
+            key.to(dtype),
+            value.to(dtype).expand(batch, heads, n, value.shape[-1]),
+            attn_mask=None if bias is None else bias.to(dtype)[None],
+            scale=1.0,
+        )
+        return out, None
+    parts, indicators = [], None
+    if query is not None:
+        parts.append(query.to(dtype))
+        key = key.to(dtype).contiguous()  # used in two products: one copy, not two
+    if row is not None:
+        height, width = row.shape[-1], col.shape[-1]
+        parts += [
+            row.to(dtype).expand(batch, heads, n, height),
+            col.to(dtype).expand(batch, heads, n, width),
+        ]
+        indicators = key_indicators(height, width, dtype=dtype, device=value.device)
+    queries = parts[0].contiguous() if len(parts) == 1 else torch.cat(parts, dim=-1)
+    value = value.to(dtype).contiguous()
+    bias = None if bias is None else bias.to(dtype)
+    if not (needs_grad or return_probs or dropout > 0.0):
+        keys = _keys(key, indicators, batch, heads, n)
+        return _attend(queries, keys, value, bias, budget)[0], None
+    out, probs = _FoldedAttention.apply(
+        queries, key, indicators, value, bias, float(dropout), budget
+    )
+    return out, probs if return_probs else None
 
 
 def uses_sdpa(device: torch.device, dtype: torch.dtype, needs_grad: bool, masked: bool) -> bool:
-    """Whether attention the fused route can compute (no probabilities, dropout or folded terms)
-    takes it on ``device`` in ``dtype``, where it measured faster than the folded route (module
-    docstring); ``masked``: a bias is added to the logits. On a CPU in float32 or float64, without
-    gradients or unmasked; elsewhere (a GPU) in 16-bit floats, with gradients or without."""
+    """The rule, where routes are not measured: whether attention the fused route can compute (no
+    probabilities, dropout or folded terms) takes it on ``device`` in ``dtype``, where it measured
+    faster than the folded route on the machines of the module docstring; ``masked``: a bias is
+    added to the logits. On a CPU in float32 or float64, without gradients or unmasked; elsewhere
+    (a GPU) in 16-bit floats, with gradients or without."""
     if device.type == "cpu":
         return dtype in (torch.float32, torch.float64) and not (needs_grad and masked)
     return dtype in (torch.bfloat16, torch.float16)
 
 
 BLOCK_ENTRIES = 1 << 19
-"""Entries of ``(N, N)`` logits the folded route computes at a time per CPU thread (``blocks``).
-Measured on an AMD EPYC Zen 5 (1 MiB of L2 cache per core), one thread, at the Fashion-MNIST size
-(one image: 9 heads of 196 × 196 = 346k entries, 1.4 MB in float32): forward+backward with blocks
-of one image (this budget) took 0.74× the time of whole-batch products in float32 and 0.82× in
-bfloat16; blocks of three images 0.83× and 0.80×, of six heads 0.75× and 0.91×."""
+"""Entries of ``(N, N)`` logits the rule-based folded route computes at a time per CPU thread
+(``blocks``; the measured route picks among ``block_budgets``). Measured on an AMD EPYC Zen 5 (1
+MiB of L2 cache per core), one thread, at the Fashion-MNIST size (one image: 9 heads of 196 × 196
+= 346k entries, 1.4 MB in float32): forward+backward with blocks of one image (this budget) took
+0.74× the time of whole-batch products in float32 and 0.82× in bfloat16; blocks of three images
+0.83× and 0.80×, of six heads 0.75× and 0.91×."""
+BLOCK_STEPS = (1 / 4, 1, 4)
+"""The blocks measured (``block_budgets``): these multiples of the float32 entries one core's L2
+cache holds, beside ``BLOCK_ENTRIES``, per thread."""
 
 
 def block_entries(device: torch.device) -> float:
-    """Entries of logits per block of the folded route on ``device``: ``BLOCK_ENTRIES`` per thread
-    on a CPU, unbounded elsewhere (one block, the whole batch: a GPU wants few, large products)."""
+    """Entries of logits per block of the rule-based folded route on ``device``:
+    ``BLOCK_ENTRIES`` per thread on a CPU, unbounded elsewhere (one block, the whole batch: a GPU
+    wants few, large products)."""
     return BLOCK_ENTRIES * torch.get_num_threads() if device.type == "cpu" else float("inf")
+
+
+def block_budgets(device: torch.device) -> list[float]:
+    """Block sizes (entries of logits) the folded route is measured with on ``device``: on a CPU
+    ``BLOCK_STEPS`` times the float32 entries this CPU's L2 cache holds (``BLOCK_ENTRIES``
+    standing for it where the cache size is unknown) and ``BLOCK_ENTRIES``, per thread; elsewhere
+    the whole batch only."""
+    if device.type != "cpu":
+        return [float("inf")]
+    l2 = hardware.cache_bytes(2)
+    base = BLOCK_ENTRIES if l2 is None else l2 // 4
+    threads = torch.get_num_threads()
+    per_thread = {BLOCK_ENTRIES, *(max(1, int(base * step)) for step in BLOCK_STEPS)}
+    return sorted(budget * threads for budget in per_thread)
+
+
+def slices_per_block(batch: int, heads: int, n: int, budget: float) -> int:
+    """``(image, head)`` slices of ``n × n`` entries a block of at most ``budget`` entries holds
+    (at least one, at most all ``batch · heads``): what decides how ``blocks`` cuts a batch."""
+    return max(1, int(min(batch * heads, budget // (n * n))))
 
 
 def blocks(batch: int, heads: int, n: int, budget: float) -> list[tuple[slice, slice]]:
     """``(images, heads)`` index pairs of the blocks covering ``(batch, heads)`` slices of ``n × n``
     entries, at most ``budget`` entries a block (at least one slice): whole images when one fits,
     else the heads of one image a few at a time."""
-    per_block = max(1, int(min(batch * heads, budget // (n * n))))  # slices per block
+    per_block = slices_per_block(batch, heads, n, budget)
     if per_block < heads:
         return [
             (slice(b, b + 1), slice(h, min(heads, h + per_block)))
@@ -246,15 +347,16 @@ def _attend(
     keys: Tensor,
     value: Tensor,
     bias: Tensor | None,
+    budget: float,
     noise: Tensor | None = None,
     keep_probs: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
-    """``out = (softmax(Q' K'ᵀ + bias) ∘ noise) V`` block by block (``blocks``); also the
-    probabilities ``(B, heads, N, N)`` with ``keep_probs``."""
+    """``out = (softmax(Q' K'ᵀ + bias) ∘ noise) V`` in blocks of at most ``budget`` entries
+    (``blocks``); also the probabilities ``(B, heads, N, N)`` with ``keep_probs``."""
     batch, heads, n, _ = queries.shape
     out = value.new_empty(batch, heads, n, value.shape[-1])
     probs = queries.new_empty(batch, heads, n, n) if keep_probs else None
-    for images, hs in blocks(batch, heads, n, block_entries(queries.device)):
+    for images, hs in blocks(batch, heads, n, budget):
         block_queries, block_keys = queries[images, hs], keys[images, hs].transpose(-1, -2)
         if bias is not None and block_queries.shape[0] == 1:  # one image: bias + Q Kᵀ in one
             logits = torch.baddbmm(bias[hs], block_queries[0], block_keys[0])[None]
@@ -272,7 +374,8 @@ def _attend(
 
 class _FoldedAttention(torch.autograd.Function):
     """``A = Q' K'ᵀ (+ bias)``, ``P = softmax(A)``, ``out = dropout(P) V``, with ``K' = [K, E]``
-    (``E`` the key indicators, no gradient), block by block (``blocks``). Returns ``(out, P)``."""
+    (``E`` the key indicators, no gradient), in blocks of at most ``budget`` entries
+    (``blocks``). Returns ``(out, P)``."""
 
     @staticmethod
     def forward(
@@ -283,6 +386,7 @@ class _FoldedAttention(torch.autograd.Function):
         value: Tensor,
         bias: Tensor | None,
         dropout: float,
+        budget: float,
     ) -> tuple[Tensor, Tensor]:
         batch, heads, n, _ = queries.shape
         keys = _keys(key, indicators, batch, heads, n)
@@ -291,8 +395,9 @@ class _FoldedAttention(torch.autograd.Function):
             # The mask F.dropout draws for probs, rescaled: the same random numbers as the dense
             # path's F.dropout(probs), kept for the backward.
             noise = F.dropout(queries.new_ones(batch, heads, n, n), dropout, training=True)
-        out, probs = _attend(queries, keys, value, bias, noise, keep_probs=True)
+        out, probs = _attend(queries, keys, value, bias, budget, noise, keep_probs=True)
         ctx.save_for_backward(queries, keys, value, probs, noise)
+        ctx.budget = budget
         ctx.set_materialize_grads(False)  # no zeros for unused probs (d_probs is then None)
         ctx.key_width = 0 if key is None else key.shape[-1]
         return out, probs
@@ -300,7 +405,7 @@ class _FoldedAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, d_out: Tensor, d_probs: Tensor | None) -> tuple[Tensor | None, ...]:
         queries, keys, value, probs, noise = ctx.saved_tensors
-        need_queries, need_key, _, need_value, need_bias, _ = ctx.needs_input_grad
+        need_queries, need_key, _, need_value, need_bias, _, _ = ctx.needs_input_grad
         batch, heads, n, _ = probs.shape
         width = ctx.key_width
         d_queries = torch.empty_like(queries) if need_queries else None
@@ -315,7 +420,7 @@ class _FoldedAttention(torch.autograd.Function):
                 heads, n, n, dtype=torch.promote_types(probs.dtype, torch.float32)
             )
         shared = value.shape[1] == 1  # one value head for all heads
-        for images, hs in blocks(batch, heads, n, block_entries(probs.device)):
+        for images, hs in blocks(batch, heads, n, ctx.budget):
             p = probs[images, hs]
             if d_out is None:  # only the probabilities were used
                 d_weights = d_probs[images, hs]
@@ -352,4 +457,4 @@ class _FoldedAttention(torch.autograd.Function):
                 )
         if d_bias is not None:
             d_bias = d_bias.to(probs.dtype)
-        return d_queries, d_key, None, d_value, d_bias, None
+        return d_queries, d_key, None, d_value, d_bias, None, None

@@ -4,23 +4,29 @@ Each head $h$ computes $P^h = \operatorname{softmax}(A^h)$ over key pixels, with
 scores it is configured with ([the mathematics, §1][1-pixels-offsets-and-the-attention-layer]), and
 the layer returns $\sum_h P^h V^h W^h_\text{out} + b_\text{out}$.
 
-Execution paths, all exact (tested against ``impl="dense"``, the plain per-image $N \times N$
-reference):
+Routes, all exact (tested against ``impl="dense"``, the plain per-image $N \times N$ reference, and
+against float64 explicit attention):
 
 * position-only, separable (isotropic ``gaussian``, ``learned``): $P^h = R^h \otimes C^h$; attend
   along rows with $R^h$ ($H \times H$) and along columns with $C^h$ ($W \times W$). $O(N (H + W))$
-  per head and image, no $N \times N$ tensor. On a CPU, without a value projection and above
-  ``FUSED_MIN_ELEMENTS``, heads are attended and projected one at a time, so no tensor of
-  ``heads ×`` the input's size exists either (``attention/separable.py``); see ``use_fused_route``.
-* position-only, not separable (``gaussian_full``), and separable ones on a GPU for images of at
-  most ``SHARED_MAX_TOKENS`` pixels: $P^h$ ($N \times N$) is built once per forward and applied
-  to the whole batch as one matrix product.
+  per head and image, no $N \times N$ tensor: ``separable``, all heads at once (two batched
+  products), or without a value projection ``per head, chunks of C``, heads attended and
+  projected one at a time over chunks of images, so that no tensor of ``heads ×`` the input's
+  size exists either (``attention/separable.py``).
+* position-only, ``shared``: $P^h$ ($N \times N$) built once per forward and applied to the whole
+  batch as one matrix product; the only route of a score that does not separate
+  (``gaussian_full``).
 * with content scores (``attention/content.py``): per-image ``(B, heads, N, N)`` logits from
   batched products, on a CPU a block of images at a time: a positional term shared by the batch
   is added as one ``(heads, N, N)`` bias; the per-image content × position term (with the
   positional one) is folded into the queries and keys. Where the probabilities are not returned
-  and nothing is folded, ``scaled_dot_product_attention`` with the bias as mask instead, where that
-  is faster (on a CPU without gradients in float32; on a GPU in bfloat16).
+  and nothing is folded, ``scaled_dot_product_attention`` with the bias as mask is a route too.
+
+Which route runs is measured (``attention/routes.py``): on the first call with a key (the route
+family, the shapes, the dtype, with or without gradients, the device and threads) each candidate
+is timed on the real tensors and the fastest is kept. Where routes are not measured (timing off,
+``torch.compile``, tracing) the rules decide: ``use_shared_route`` and ``use_fused_route`` here,
+``content.uses_sdpa`` and ``content.block_entries`` for content scores.
 
 Attention dropout (probability ``dropout``) acts on the probabilities. With content scores it is the
 usual independent mask per image, head and entry. Position-only probabilities are the same for
@@ -36,14 +42,15 @@ sample.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnconv.attention import content, scores
+from attnconv.attention import content, routes, scores, separable
 from attnconv.attention.positional import Positional, PositionalScore, positional_score_class
 from attnconv.attention.separable import separable_attention_project
 from attnconv.errors import warn_deprecated
@@ -61,11 +68,14 @@ FUSED_DEVICE_TYPES: tuple[str, ...] = ("cpu",)
 SHARED_MAX_TOKENS: dict[str, int] = {"cuda": 32 * 32}
 """Separable position-only layers on a device of these types, with at most this many tokens, attend
 through the shared ``(heads, N, N)`` matrix (``_forward_shared``: one matrix product over the
-whole batch) instead of the separable factors. Measured with ``benchmarks/gpu.sh`` on an NVIDIA
-H200 ([the figures][on-a-gpu]), forward and backward in float32: the one product beat the
-separable route's two batched products and their permutations 1.6× at 16×16 (the paper's size)
-and tied at 32×32; the separable route won 5.5× at 64×64. On a CPU the separable route is faster
-at every size measured, so the CPU has no entry."""
+whole batch) instead of the separable factors, where routes are not measured
+(``attention/routes.py``). Measured with ``benchmarks/gpu.sh`` on an NVIDIA H200 ([the
+figures][on-a-gpu]), forward and backward in float32: the one product beat the separable route's
+two batched products and their permutations 1.6× at 16×16 (the paper's size) and tied at 32×32;
+the separable route won 5.5× at 64×64. On an AMD EPYC Zen 5 the separable route was faster at
+every size measured, so the CPU has no entry; on an Intel Xeon with AMX in bfloat16 the shared
+matrix is faster at 14×14 and 16×16 (its matrix unit runs the one large product), which the
+measured choice finds there."""
 
 
 def use_shared_route(device: torch.device, tokens: int) -> bool:
@@ -75,7 +85,8 @@ def use_shared_route(device: torch.device, tokens: int) -> bool:
 
 
 def use_fused_route(device: torch.device, numel: int, value_projection: bool) -> bool:
-    """Whether a separable layer attends one head at a time (``separable_attention_project``).
+    """Whether a separable layer attends one head at a time (``separable_attention_project``)
+    where routes are not measured (``attention/routes.py``).
 
     Only on a CPU (``FUSED_DEVICE_TYPES``), without a value projection, for an input of at least
     ``FUSED_MIN_ELEMENTS`` numbers. The per-head loop was measured faster only on CPUs, where it
@@ -89,6 +100,13 @@ def use_fused_route(device: torch.device, numel: int, value_projection: bool) ->
 
 Projection = tuple[Tensor, Tensor | None]
 """A linear map's ``(weight (out, in), bias (out,) | None)``, as ``F.linear`` takes them."""
+PositionRoute = Callable[[Tensor, bool, Projection], tuple[Tensor, Tensor | None]]
+"""A position-only route: ``(x, return_attention, projection)`` → ``(y, probs | None)``."""
+
+
+def per_head_route(chunk: int) -> str:
+    """The name of the per-head separable route with chunks of ``chunk`` values."""
+    return f"per head, chunks of {chunk}"
 
 
 def fold_pays(first: nn.Linear, then: nn.Linear, tokens: int) -> bool:
@@ -382,6 +400,11 @@ class MultiHeadSelfAttention2d(nn.Module):
                 "probabilities depend on the image: use forward(x, return_attention=True)"
             )
         self._check_size(height, width)
+        return self._position_probs(height, width)
+
+    def _position_probs(self, height: int, width: int) -> Tensor:
+        """Position-only probabilities ``(heads, H·W, H·W)``: the Kronecker product of the
+        factors' (for a separable score, hard ones included), else the softmax of the logits."""
         if self.separable:
             return scores.kron_factors(*self.position.probability_factors(height, width))
         return scores.softmax_without_subnormals(self.position.logits(height, width))
@@ -420,10 +443,8 @@ class MultiHeadSelfAttention2d(nn.Module):
             y, probs = self._forward_empty(x, projection)
         elif self.impl == "dense":
             y, probs = self._forward_dense(x, projection)
-        elif self.separable and not use_shared_route(x.device, height * width):
-            y, probs = self._forward_separable(x, return_attention, projection)
         elif self.position_only:
-            y, probs = self._forward_shared(x, projection)
+            y, probs = self._forward_position(x, return_attention, projection)
         else:
             y, probs = self._forward_content(x, return_attention, projection)
         if after is not None:
@@ -503,18 +524,88 @@ class MultiHeadSelfAttention2d(nn.Module):
             return (probs.reshape(heads * length, length) @ values[0]).view(heads, length, -1)
         return torch.bmm(probs, values)
 
-    def _forward_separable(
+    def _position_routes(self, x: Tensor) -> dict[str, PositionRoute]:
+        """The exact routes of a position-only layer for ``x``, by name (``attention/routes.py``
+        picks one): ``"shared"``, the ``(heads, N, N)`` matrix; for a separable score also
+        ``"separable"``, its factors for all heads at once, and without a value projection
+        ``"per head, chunks of C"``, one head at a time in chunks of ``C`` values, for each
+        chunk size of ``separable.chunk_candidates`` that cuts ``x``'s batch differently (the
+        rule's ``CHUNK_ELEMENTS`` first)."""
+        found: dict[str, PositionRoute] = {"shared": self._forward_shared}
+        if self.separable:
+            found["separable"] = partial(self._forward_separable, chunk=None)
+            if self.value is None:
+                batch, height, width, dim = x.shape
+                chunks = {}  # images per chunk -> chunk size
+                for chunk in (separable.CHUNK_ELEMENTS, *separable.chunk_candidates()):
+                    chunks.setdefault(min(batch, max(1, chunk // (height * width * dim))), chunk)
+                for chunk in sorted(chunks.values(), reverse=True):
+                    found[per_head_route(chunk)] = partial(self._forward_separable, chunk=chunk)
+        return found
+
+    def _position_rule(self, x: Tensor) -> str:
+        """The rule-based route of a position-only layer for ``x`` (``use_shared_route``,
+        ``use_fused_route``), taken where routes are not measured."""
+        if not self.separable or use_shared_route(x.device, x.shape[1] * x.shape[2]):
+            return "shared"
+        if use_fused_route(x.device, x.numel(), self.value is not None):
+            return per_head_route(separable.CHUNK_ELEMENTS)
+        return "separable"
+
+    def _forward_position(
         self, x: Tensor, return_attention: bool, projection: Projection
     ) -> tuple[Tensor, Tensor | None]:
-        """``P^h = R^h ⊗ C^h``: attend along columns with ``C^h``, then along rows with ``R^h``."""
+        """Position-only attention on the route measured fastest for this key
+        (``attention/routes.py``), or the rule-based one where routes are not measured."""
+        found = self._position_routes(x)
+        batch, height, width, _ = x.shape
+        parameters = [p for p in self.parameters() if p.requires_grad]
+        needs_grad = torch.is_grad_enabled() and (
+            x.requires_grad or bool(parameters) or any(
+                t is not None and t.requires_grad for t in projection
+            )
+        )
+        shape = {
+            "batch": batch,
+            "height": height,
+            "width": width,
+            "dim": self.dim,
+            "heads": self.heads,
+            "head_dim": self.head_dim,
+            "out": projection[0].shape[0],
+            "score": self.positional + ("-hard" if self.hard else ""),
+            "value": self.value is not None,
+            "dropout": self._dropout_active,
+            "probs": return_attention,
+        }
+
+        def run(name: str, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+            return found[name](x, return_attention, (weight, bias))[0]
+
+        dtype = routes.autocast_dtype(x)
+        name = routes.SELECTOR.choose(
+            routes.route_key("position", shape, dtype, needs_grad, x.device),
+            {name: routes.trial(partial(run, name), (x, *projection), parameters, needs_grad)
+             for name in found},
+            self._position_rule(x),
+            x.device,
+        )
+        return found[name](x, return_attention, projection)
+
+    def _forward_separable(
+        self, x: Tensor, return_attention: bool, projection: Projection, chunk: int | None
+    ) -> tuple[Tensor, Tensor | None]:
+        """``P^h = R^h ⊗ C^h``: attend along columns with ``C^h``, then along rows with ``R^h``;
+        all heads at once (``chunk=None``) or one head at a time in chunks of ``chunk`` values
+        (``separable_attention_project``)."""
         batch, height, width, _ = x.shape
         row, col = self.position.probability_factors(height, width)
         probs = scores.kron_factors(row, col) if return_attention else None
         if self._dropout_active:
             mask_row, mask_col = self._factored_dropout_masks(height, width, row)
             row, col = row * mask_row, col * mask_col
-        if use_fused_route(x.device, x.numel(), self.value is not None):
-            y = separable_attention_project(x, row, col, *projection)
+        if chunk is not None:
+            y = separable_attention_project(x, row, col, *projection, chunk_elements=chunk)
             return y, probs
         # All heads at once: two batched products, then the output projection.
         v = self._values_pixels_first(x, axis=2)  # (heads|1, W, B·H·d)
@@ -526,11 +617,14 @@ class MultiHeadSelfAttention2d(nn.Module):
         y = torch.bmm(row.to(v.dtype), t).view(self.heads, height, width, batch, d)
         return self._project_out(y.permute(3, 0, 1, 2, 4), projection), probs  # (B, heads, H, W, d)
 
-    def _forward_shared(self, x: Tensor, projection: Projection) -> tuple[Tensor, Tensor]:
-        """Position-only: one ``(heads, N, N)`` matrix applied to the whole batch. Dropout draws the
-        same factored mask as the separable route, so the two agree sample by sample."""
+    def _forward_shared(
+        self, x: Tensor, return_attention: bool, projection: Projection
+    ) -> tuple[Tensor, Tensor]:
+        """Position-only: one ``(heads, N, N)`` matrix applied to the whole batch (and returned,
+        whatever ``return_attention``). Dropout draws the same factored mask as the separable
+        route, so the two agree sample by sample."""
         batch, height, width, _ = x.shape
-        probs = scores.softmax_without_subnormals(self.position.logits(height, width))
+        probs = self._position_probs(height, width)
         applied = probs
         if self._dropout_active:
             mask = scores.kron_factors(*self._factored_dropout_masks(height, width, probs))

@@ -28,17 +28,36 @@ import itertools
 import torch
 from torch import Tensor
 
+from attnconv import hardware
+
 CHUNK_ELEMENTS = 1 << 18
 """At most this many values of one head per chunk of images (1 MiB in float32), or one image where
-an image holds more. Bounds the scratch memory (two buffers of this size in the forward pass, four
-in the backward) whatever the batch and image size, and keeps a chunk's tensors near the core while
-every head passes over them: the attention products have inner dimension ``H`` or ``W`` and are
-bound by memory traffic. Measured on an AMD EPYC Zen 5 (1 MiB L2 per core, 1 thread, fwd+bwd in
-float32, CPU time): at the Fashion size (batch 100, 14×14, 9 heads, dim 64) the layer took 1.9×
-its projection floor with the whole batch in one chunk (``1 << 22``) and 1.4× with chunks of 20
-images (``1 << 18``), 1.5× with 10 or 41 (with freed memory reused, ``attnconv.memory``, whose
-floor is faster: 2.5× → 2.0×); at the paper's size (16×16, dim 400) 1.25× with 40 images and
-1.1–1.15× with 2 to 5."""
+an image holds more: the chunk the rule-based route takes (``attention/routes.py``), where the
+measured one (``chunk_candidates``) is not. Bounds the scratch memory (two buffers of this size in
+the forward pass, four in the backward) whatever the batch and image size, and keeps a chunk's
+tensors near the core while every head passes over them: the attention products have inner
+dimension ``H`` or ``W`` and are bound by memory traffic. Measured on an AMD EPYC Zen 5 (1 MiB L2
+per core, 1 thread, fwd+bwd in float32, CPU time): at the Fashion size (batch 100, 14×14, 9
+heads, dim 64) the layer took 1.9× its projection floor with the whole batch in one chunk
+(``1 << 22``) and 1.4× with chunks of 20 images (``1 << 18``), 1.5× with 10 or 41 (with freed
+memory reused, ``attnconv.memory``, whose floor is faster: 2.5× → 2.0×); at the paper's size
+(16×16, dim 400) 1.25× with 40 images and 1.1–1.15× with 2 to 5. On an Intel Xeon with AMX (2 MiB
+L2 per core, 1 thread) bfloat16 wants larger chunks, whose products its matrix unit runs faster:
+at the paper's size forward and backward took 808 ms with ``1 << 18`` and 588 ms with ``1 << 20``,
+while float32 took 1.77 s and 1.81 s (``docs/layers.md``)."""
+CHUNK_STEPS = (4, 1, 1 / 4)
+"""The chunks measured (``chunk_candidates``): these multiples of the values one core's L2 cache
+holds in float32, beside ``CHUNK_ELEMENTS``."""
+
+
+def chunk_candidates() -> list[int]:
+    """Chunk sizes (values of one head) the per-head route is measured with, largest first:
+    ``CHUNK_STEPS`` times the float32 values that fit this CPU's L2 cache (``CHUNK_ELEMENTS``
+    standing for it where the cache size is unknown), and ``CHUNK_ELEMENTS`` itself."""
+    l2 = hardware.cache_bytes(2)
+    base = CHUNK_ELEMENTS if l2 is None else l2 // 4
+    return sorted({CHUNK_ELEMENTS, *(max(1, int(base * step)) for step in CHUNK_STEPS)},
+                  reverse=True)
 
 
 def _by_rows(values: Tensor) -> Tensor:
@@ -47,11 +66,11 @@ def _by_rows(values: Tensor) -> Tensor:
     return values.view(batch * height, width, d)
 
 
-def _image_chunks(values: Tensor) -> list[slice]:
+def _image_chunks(values: Tensor, chunk_elements: int) -> list[slice]:
     """Slices of the batch into as few chunks of equal size (± one image) as hold at most
-    ``CHUNK_ELEMENTS`` values of one head each (or one image, when it holds more)."""
+    ``chunk_elements`` values of one head each (or one image, when it holds more)."""
     batch, height, width, d = values.shape
-    count = -(-batch // max(1, CHUNK_ELEMENTS // (height * width * d)))
+    count = -(-batch // max(1, chunk_elements // (height * width * d)))
     bounds = [-(-batch * i // count) for i in range(count + 1)]  # the first chunk is the largest
     return [slice(start, stop) for start, stop in itertools.pairwise(bounds)]
 
@@ -86,21 +105,31 @@ class _Scratch:
 
 class _SeparableAttentionProject(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, values, row, col, weight, bias):
+    def forward(ctx, values, row, col, weight, bias, chunk_elements):
         with torch.autocast(values.device.type, enabled=False):
-            out = _SeparableAttentionProject._forward(values, row, col, weight, bias)
+            out = _SeparableAttentionProject._forward(
+                values, row, col, weight, bias, chunk_elements
+            )
         ctx.save_for_backward(values, row, col, weight)
+        ctx.chunk_elements = chunk_elements
         return out
 
     @staticmethod
-    def _forward(values: Tensor, row: Tensor, col: Tensor, weight: Tensor, bias: Tensor | None):
+    def _forward(
+        values: Tensor,
+        row: Tensor,
+        col: Tensor,
+        weight: Tensor,
+        bias: Tensor | None,
+        chunk_elements: int,
+    ):
         batch, height, width, d = values.shape
         heads, out_dim = row.shape[0], weight.shape[0]
         # Accumulate in at least float32: a bf16 sum over heads would round once per head.
         acc_dtype = torch.promote_types(values.dtype, torch.float32)
         out = values.new_empty(batch, height * width, out_dim, dtype=acc_dtype)
         out[:] = 0.0 if bias is None else bias
-        chunks = _image_chunks(values)
+        chunks = _image_chunks(values, chunk_elements)
         scratch = _Scratch(values, chunks[0].stop)
         head_out = None if acc_dtype == values.dtype else values.new_empty(out[chunks[0]].shape)
         for chunk in chunks:
@@ -119,12 +148,13 @@ class _SeparableAttentionProject(torch.autograd.Function):
     def backward(ctx, grad_out):
         values, row, col, weight = ctx.saved_tensors
         with torch.autocast(values.device.type, enabled=False):
-            return _SeparableAttentionProject._backward(
-                values, row, col, weight, grad_out, ctx.needs_input_grad
+            grads = _SeparableAttentionProject._backward(
+                values, row, col, weight, grad_out, ctx.needs_input_grad, ctx.chunk_elements
             )
+        return (*grads, None)
 
     @staticmethod
-    def _backward(values, row, col, weight, grad_out, needs_grad):
+    def _backward(values, row, col, weight, grad_out, needs_grad, chunk_elements):
         batch, height, width, d = values.shape
         heads, out_dim = row.shape[0], weight.shape[0]
         grad_out = grad_out.reshape(batch, height * width, out_dim).to(values.dtype)
@@ -132,7 +162,7 @@ class _SeparableAttentionProject(torch.autograd.Function):
         grad_row = torch.zeros_like(row) if needs_grad[1] else None
         grad_col = torch.zeros_like(col) if needs_grad[2] else None
         grad_weight = weight.new_zeros(heads, out_dim, d) if needs_grad[3] else None
-        chunks = _image_chunks(values)
+        chunks = _image_chunks(values, chunk_elements)
         scratch = _Scratch(values, chunks[0].stop)
         grad_attended = scratch.rows.new_empty(scratch.rows.shape)  # (b, H, W·d), reused
         grad_columns = scratch.rows.new_empty(scratch.rows.shape)
@@ -180,7 +210,12 @@ def _autocast_dtype(device_type: str) -> torch.dtype | None:
 
 
 def separable_attention_project(
-    values: Tensor, row: Tensor, col: Tensor, weight: Tensor, bias: Tensor | None
+    values: Tensor,
+    row: Tensor,
+    col: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    chunk_elements: int | None = None,
 ) -> Tensor:
     r"""$\sum_h (R^h \otimes C^h) \, x W_h^\top + \text{bias}$ for every image, without a per-head
     activation tensor.
@@ -191,6 +226,8 @@ def separable_attention_project(
         col: ``(heads, W, W)`` column factors.
         weight: ``(out_dim, heads·d)``, head ``h`` owning columns ``h·d … (h+1)·d − 1``.
         bias: ``(out_dim,)`` or ``None``.
+        chunk_elements: at most this many values of one head per chunk of images (or one image);
+            default ``CHUNK_ELEMENTS``.
 
     Returns:
         ``(B, H, W, out_dim)``. All arguments are cast to one dtype: autocast's when it is on
@@ -199,4 +236,5 @@ def separable_attention_project(
     dtype = _autocast_dtype(values.device.type) or values.dtype
     values = values.to(dtype).contiguous()
     cast = [None if t is None else t.to(dtype) for t in (row, col, weight, bias)]
-    return _SeparableAttentionProject.apply(values, *cast)
+    chunk_elements = CHUNK_ELEMENTS if chunk_elements is None else chunk_elements
+    return _SeparableAttentionProject.apply(values, *cast, chunk_elements)
