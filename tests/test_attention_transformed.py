@@ -391,16 +391,26 @@ def test_the_normaliser_is_the_sum_over_every_integer_offset(spread, center):
 
 
 @pytest.mark.parametrize("spread", [1e-5, 1e-3, 0.05])
-def test_a_tiny_spread_keeps_the_kernel_within_the_input_and_exact(spread):
-    """As training drives a spread towards zero the kernel spans at most the offsets that reach
-    the input (it grew without limit before), and each head's weights are the Gaussian over every
+def test_a_tiny_spread_keeps_the_kernel_within_the_input_and_exact(spread, monkeypatch):
+    """As training drives a spread towards zero the layer evaluates its Gaussians at no more
+    offsets than reach the input (before, every offset within eps of the peak: 5.6e5 per axis at
+    1e-5, and a layer slowed without limit), and each head's weights are the Gaussian over every
     integer offset, normalised exactly (a float64 sum over +-40/spread offsets by hand)."""
+    import attnconv.attention.transformed as module
+
+    evaluated = []
+    logits = module.gaussian_axis_logits
+    monkeypatch.setattr(
+        module, "gaussian_axis_logits",
+        lambda c, s, offsets: evaluated.append(offsets.numel()) or logits(c, s, offsets),
+    )  # fmt: skip
     conv = nn.Conv2d(3, 2, 3, padding=1).double()
     layer = TransformedConv2d.from_conv(conv, spread=spread, content=False)
     spread = float(layer.position.spread[0])  # as float32 rounded it (the kernel scales with it)
     height, width = 6, 5
     kernel, (first_row, first_col) = layer.positional_kernel(height, width, F64)
     assert kernel.shape[2] <= 2 * (height + 2) and kernel.shape[3] <= 2 * (width + 2)
+    assert evaluated and max(evaluated) <= 2 * (height + 2)
     radius = int(40 / spread) + 20
     n = torch.arange(-radius, radius + 1, dtype=F64)
     centers = layer.position.centers.detach()
