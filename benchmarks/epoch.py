@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> None:
               f"{'TFLOP/s':>9}{'% ceiling':>10}{'vs eager':>9}{'last loss':>10}")
     print(header + "\n" + "-" * len(header), flush=True)
     for preset in args.presets:
-        flops = training_flops_per_image(preset, device, args.batch_size)
+        flops, _ = training_flops_per_image(preset, device, args.batch_size, precision)
         eager_rate = None
         for mode in args.modes:
             result = one_epoch(preset, mode == "compiled", args.images, args.batch_size,

@@ -142,7 +142,7 @@ def test_a_cached_choice_survives_a_restart_keyed_by_the_machine(
 ) -> None:
     """A fresh selector (a new process) with the same cache file takes the choice without
     measuring; on another machine it measures its own, kept beside the first."""
-    path = tmp_path / "cache" / "routes.json"
+    path = tmp_path / "routes.json"
     monkeypatch.setenv(routes.CACHE_ENV, str(path))
     monkeypatch.setattr(hardware, "machine_key", lambda: "machine A")
     calls: list[str] = []
@@ -281,3 +281,39 @@ def test_the_content_kernel_asks_the_selector_with_its_own_candidates(
     for name in plain.seconds:
         with pinned_route(name), torch.no_grad():
             assert rel_err(layer(x), y_ref) < 1e-12, name
+
+
+def test_a_cache_file_in_a_missing_folder_is_refused_in_one_line(selector, tmp_path) -> None:
+    calls: list[str] = []
+    candidates = timed_candidates(selector.clock, {"a": 0.25, "b": 0.125}, calls)
+    with routes.cache_file(tmp_path / "gone" / "routes.json"), pytest.raises(
+        UserError, match=r"cannot write the route cache .*gone/routes\.json"
+    ):
+        selector.choose("key", candidates, "a", CPU)
+
+
+def test_a_training_run_keeps_its_routes_and_its_resume_takes_them(
+    selector, tmp_path, monkeypatch
+) -> None:
+    """The routes a run measured are in its routes.json; resumed in a new process (a selector
+    that remembers nothing), it takes them from there and measures only keys it meets for the
+    first time (the test set, evaluated at the end), so its weights are those of the
+    uninterrupted run."""
+    from attnconv.train.config import resolve_config
+    from attnconv.train.loop import ROUTES_FILE, train
+    from train_helpers import QUIET, TINY
+
+    run = tmp_path / "run"
+    train(resolve_config("quick", overrides=["epochs=2", *TINY, *QUIET]), run, stop_after=1)
+    entries = json.loads((run / ROUTES_FILE).read_text())["machines"][hardware.machine_key()]
+    keys = [key for key in entries if key.startswith("position batch=64 height=8 width=8")]
+    assert {"fwd+bwd" in key for key in keys} == {True, False}  # training, and validation
+    selector.forget()
+    measured: list[str] = []
+    remember = selector._remember
+    monkeypatch.setattr(selector, "_remember",
+                        lambda key, choice: (measured.append(key), remember(key, choice)))
+    train(None, run, resume=True)
+    assert measured and not set(measured) & set(entries)
+    after = json.loads((run / ROUTES_FILE).read_text())["machines"][hardware.machine_key()]
+    assert after == {**entries, **{key: after[key] for key in measured}}

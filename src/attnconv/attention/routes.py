@@ -14,10 +14,11 @@ A key is the route family, the shapes and options the routes' speed depends on, 
 compute in, whether a backward pass follows, the device and torch's threads. Each candidate is
 timed as it runs: its forward pass, and where gradients are wanted its backward pass too (on
 detached copies of the inputs, so nothing reaches the model's ``.grad``), one untimed warm-up run
-and then ``rounds`` timed rounds in which the candidates alternate, the best run counting. The
-random number generators are restored afterwards, so the timing draws no dropout masks that the
-run would otherwise have drawn. Every route is exact (the tests hold each to a float64 reference),
-so the choice changes results by float rounding only.
+and then ``rounds`` timed rounds in which the candidates alternate, the best run counting (on a
+CPU with one thread in CPU time, else in wall-clock time: ``default_clock``). The random number
+generators are restored afterwards, so the timing draws no dropout masks that the run would
+otherwise have drawn. Every route is exact (the tests hold each to a float64 reference), so the
+choice changes results by float rounding only.
 
 Settings:
 
@@ -28,10 +29,10 @@ Settings:
   measurement would be traced); under a dispatch mode (``FlopCounterMode``, fake tensors) and on
   the meta device a choice already made is used, else the rule, and nothing is measured.
 - ``ATTNCONV_ROUTE_CACHE=PATH`` (or ``configure(cache_file=PATH)``, or the ``cache_file`` context
-  that ``attnconv train`` opens on its run folder's ``routes.json``) keeps the choices on disk,
-  keyed by ``attnconv.hardware.machine_key()``: a later process on the same machine reads them
-  instead of measuring again (a resumed training run takes the routes it took, so its weights stay
-  bit-identical), and a different machine measures its own.
+  that ``attnconv train`` opens on its run folder's ``routes.json``) keeps the choices in a JSON
+  file (in a folder that exists), keyed by ``attnconv.hardware.machine_key()``: a later process
+  on the same machine reads them instead of measuring again (a resumed training run takes the
+  routes it took, so its weights stay bit-identical), and a different machine measures its own.
 """
 
 from __future__ import annotations
@@ -151,15 +152,26 @@ def _synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def default_clock(device: torch.device) -> Callable[[], float]:
+    """The clock routes are timed with on ``device``: on a CPU running one torch thread this
+    process's CPU time (the time on the core; waiting for a core shared with other work does not
+    count), else wall-clock time (with several threads, how well a route spreads over them is
+    part of its speed)."""
+    if device.type == "cpu" and torch.get_num_threads() == 1:
+        return time.process_time
+    return time.perf_counter
+
+
 class RouteSelector:
     """Measures the candidate routes of a key once and answers with the fastest afterwards.
 
     Args:
-        clock: seconds, ``time.perf_counter`` by default (tests pass a fake one).
+        clock: seconds; ``None`` (the default) takes ``default_clock`` of the device measured
+            on (tests pass a fake one).
         rounds: timed rounds per measurement after the warm-up (the best run of each counts).
     """
 
-    def __init__(self, clock: Callable[[], float] = time.perf_counter, rounds: int = 2) -> None:
+    def __init__(self, clock: Callable[[], float] | None = None, rounds: int = 2) -> None:
         self.clock = clock
         self.rounds = rounds
         self.timing: bool | None = None  # None: the environment decides (TIMING_ENV)
@@ -250,11 +262,12 @@ class RouteSelector:
         return Choice(route, best)
 
     def _time(self, run: Callable[[], object], device: torch.device) -> float:
+        clock = self.clock or default_clock(device)
         _synchronize(device)
-        started = self.clock()
+        started = clock()
         run()
         _synchronize(device)
-        return self.clock() - started
+        return clock() - started
 
     # ------------------------------------------------------------------ the cache file
 
@@ -274,7 +287,6 @@ class RouteSelector:
         cache = _read_cache(path)  # another process may have added keys meanwhile
         cache.setdefault(hardware.machine_key(), {})[key] = entry
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
             write_json(path, {"version": CACHE_VERSION, "machines": cache})
         except OSError as err:
             raise UserError(f"cannot write the route cache {path}: {err.strerror or err}") from err

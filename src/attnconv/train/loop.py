@@ -14,7 +14,9 @@ diverged state is never saved (the run stops with NonFiniteLossError) and every 
 a resumable run (``checkpoint``). Everything random is a function of the config's seed and the
 position in training (data order and augmentation: ``BatchLoader``; dropout: the torch RNG, saved
 in every checkpoint), so a run resumed from any checkpoint on a CPU with as many threads ends with
-exactly the weights of an uninterrupted run (``resume``, ``threads``). Also beside this room:
+exactly the weights of an uninterrupted run (``resume``, ``threads``; the attention routes the
+run measured are kept in ``routes.json`` and taken again, ``attnconv.attention.routes``). Also
+beside this room:
 ``build``, ``progress``, ``evaluation``.
 """
 
@@ -30,6 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from attnconv.attention import routes
 from attnconv.data import BatchLoader, load_splits
 from attnconv.errors import UserError
 from attnconv.hardware import machine_description
@@ -52,6 +55,10 @@ from attnconv.train.threads import torch_threads, training_threads
 __all__ = ["LOG_INTERVAL", "NonFiniteLossError", "Trainer", "autocast", "check_data_fits",
            "data_model_config", "evaluation_sums", "machines_of", "train",
            "train_in_plans"]  # fmt: skip
+
+
+ROUTES_FILE = "routes.json"
+"""The run folder's file of the attention routes its layers measured (``attention/routes.py``)."""
 
 
 class NonFiniteLossError(RuntimeError):
@@ -125,8 +132,10 @@ def train(
     count, why = training_threads(threads)
     context = distributed.setup(config.device)
     locking = locked_run(run.root) if context.is_main else nullcontext()
+    # the routes this run measures, kept and taken again on resume (bit-identical weights)
+    kept_routes = routes.cache_file(run.root / ROUTES_FILE) if context.is_main else nullcontext()
     try:
-        with torch_threads(count), locking as lock:
+        with torch_threads(count), locking as lock, kept_routes:
             trainer = Trainer(config, run.root, context, resumed, init_checkpoint, epoch_figure,
                               lock=lock, log_interval=log_interval, threads=why)  # fmt: skip
             return trainer.fit(stop_after)
