@@ -46,7 +46,7 @@ def timed_candidates(clock: FakeClock, costs: dict[str, float], calls: list[str]
 def selector(monkeypatch) -> routes.RouteSelector:
     """A fresh selector with timing on, a fake clock and no cache file, as the layers' own."""
     monkeypatch.delenv(routes.CACHE_ENV, raising=False)
-    chosen = routes.RouteSelector(clock=FakeClock(), rounds=2)
+    chosen = routes.RouteSelector(clock=FakeClock())
     chosen.timing = True
     monkeypatch.setattr(routes, "SELECTOR", chosen)
     return chosen
@@ -54,10 +54,11 @@ def selector(monkeypatch) -> routes.RouteSelector:
 
 def test_the_fastest_candidate_is_chosen_once_and_then_served_from_memory(selector) -> None:
     calls: list[str] = []
-    costs = {"a": 0.375, "b": 0.125, "c": 0.25}  # seconds, exact in binary
+    costs = {"a": 0.75, "b": 0.25, "c": 0.5}  # seconds, exact in binary
     candidates = timed_candidates(selector.clock, costs, calls)
     assert selector.choose("key", candidates, rule="a", device=CPU) == "b"
-    # one warm-up run each, then two rounds in which the order rotates
+    # one warm-up run each, then as many rounds as fit MEASURE_SECONDS (two of 1.5 s) in which
+    # the order rotates
     assert calls == ["a", "b", "c", "a", "b", "c", "b", "c", "a"]
     assert selector.choice("key") == routes.Choice("b", costs)
     calls.clear()
@@ -68,10 +69,10 @@ def test_the_fastest_candidate_is_chosen_once_and_then_served_from_memory(select
     assert selector.choose("other key", other, rule="a", device=CPU) == "c"
 
 
-def test_the_best_run_counts_and_slow_candidates_get_one_round(selector) -> None:
+def test_the_best_run_counts_and_the_rounds_fit_the_measuring_time(selector) -> None:
     clock, calls = selector.clock, []
     # warm-up, then two rounds: the warm-up does not count, the best round does
-    steps = {"a": iter([0.5, 0.75, 0.125]), "b": iter([0.125, 0.25, 0.375])}
+    steps = {"a": iter([1.0, 0.75, 0.125]), "b": iter([0.25, 0.25, 0.375])}
 
     def candidate(name):
         def run():
@@ -83,9 +84,13 @@ def test_the_best_run_counts_and_slow_candidates_get_one_round(selector) -> None
     assert selector.choose("key", {n: candidate(n) for n in steps}, "b", CPU) == "a"
     assert selector.choice("key").seconds == {"a": 0.125, "b": 0.25}
     calls.clear()
-    slow = timed_candidates(clock, {"a": 1.5, "b": 1.0}, calls)  # warm-ups: 2.5 s > SLOW_SECONDS
+    slow = timed_candidates(clock, {"a": 1.5, "b": 1.0}, calls)  # warm-ups: 2.5 s, one round
     assert selector.choose("slow key", slow, "a", CPU) == "b"
     assert calls == ["a", "b", "a", "b"]
+    calls.clear()
+    fast = timed_candidates(clock, {"a": 0.0625, "b": 0.125}, calls)  # 5 rounds, max_rounds
+    assert selector.choose("fast key", fast, "b", CPU) == "a"
+    assert len(calls) == 2 * (1 + selector.max_rounds) == 12
 
 
 def test_timing_off_takes_the_rule_and_runs_no_candidate(selector, monkeypatch) -> None:

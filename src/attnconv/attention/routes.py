@@ -14,7 +14,8 @@ A key is the route family, the shapes and options the routes' speed depends on, 
 compute in, whether a backward pass follows, the device and torch's threads. Each candidate is
 timed as it runs: its forward pass, and where gradients are wanted its backward pass too (on
 detached copies of the inputs, so nothing reaches the model's ``.grad``), one untimed warm-up run
-and then ``rounds`` timed rounds in which the candidates alternate, the best run counting (on a
+and then timed rounds in which the candidates alternate, as many as fit ``MEASURE_SECONDS`` (one
+to ``max_rounds``), the best run counting (on a
 CPU with one thread in CPU time, else in wall-clock time: ``default_clock``). The random number
 generators are restored afterwards, so the timing draws no dropout masks that the run would
 otherwise have drawn. Every route is exact (the tests hold each to a float64 reference), so the
@@ -56,9 +57,11 @@ CACHE_ENV = "ATTNCONV_ROUTE_CACHE"
 """Environment variable: a JSON file that keeps the choices across processes."""
 CACHE_VERSION = 1
 """Version of the cache file's layout (``{"version", "machines": {machine: {key: choice}}}``)."""
-SLOW_SECONDS = 2.0
-"""Where the warm-up runs of all candidates took longer than this together, one timed round is
-taken instead of ``rounds``: a candidate that takes seconds is not timed to milliseconds."""
+MEASURE_SECONDS = 3.0
+"""About how long the timed rounds of one measurement take: as many rounds as the warm-up runs'
+total fits in this (at least one, at most the selector's ``max_rounds``). Candidates of
+milliseconds get several rounds, whose best resists a neighbour's interference; candidates of
+seconds one."""
 
 
 @dataclass(frozen=True)
@@ -168,12 +171,13 @@ class RouteSelector:
     Args:
         clock: seconds; ``None`` (the default) takes ``default_clock`` of the device measured
             on (tests pass a fake one).
-        rounds: timed rounds per measurement after the warm-up (the best run of each counts).
+        max_rounds: the most timed rounds of one measurement after the warm-up (the best run of
+            each candidate counts; ``MEASURE_SECONDS`` decides how many fit).
     """
 
-    def __init__(self, clock: Callable[[], float] | None = None, rounds: int = 2) -> None:
+    def __init__(self, clock: Callable[[], float] | None = None, max_rounds: int = 5) -> None:
         self.clock = clock
-        self.rounds = rounds
+        self.max_rounds = max_rounds
         self.timing: bool | None = None  # None: the environment decides (TIMING_ENV)
         self.cache_path: Path | None = None  # None: the environment's (CACHE_ENV), if any
         self._choices: dict[tuple[Path | None, str], Choice] = {}
@@ -242,7 +246,9 @@ class RouteSelector:
         self._choices.clear()
         self._files.clear()
 
-    def _measure(self, candidates: Mapping[str, Callable[[], object]], device: torch.device) -> Choice:
+    def _measure(
+        self, candidates: Mapping[str, Callable[[], object]], device: torch.device
+    ) -> Choice:
         """Best seconds of each candidate: one warm-up run each, then timed rounds in which the
         candidates alternate (the order rotated each round), with the random number generators
         restored afterwards."""
@@ -252,7 +258,7 @@ class RouteSelector:
             warm_up = 0.0
             for name in names:
                 warm_up += self._time(candidates[name], device)
-            rounds = 1 if warm_up > SLOW_SECONDS else self.rounds
+            rounds = max(1, min(self.max_rounds, int(MEASURE_SECONDS / max(warm_up, 1e-9))))
             best = dict.fromkeys(names, float("inf"))
             for round_ in range(rounds):
                 shift = round_ % len(names)
