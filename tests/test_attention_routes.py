@@ -196,7 +196,7 @@ def test_a_training_runs_cache_file_holds_its_choices(selector, tmp_path) -> Non
     candidates = timed_candidates(selector.clock, {"a": 3.0, "b": 1.0}, calls)
     with routes.cache_file(tmp_path / "routes.json"):
         assert selector.choose("key", candidates, "a", CPU) == "b"
-    assert selector.cache_file() is None
+    assert selector.current_file() is None
     machines = json.loads((tmp_path / "routes.json").read_text())["machines"]
     assert machines[hardware.machine_key()]["key"]["route"] == "b"
 

@@ -42,7 +42,7 @@ import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -66,12 +66,11 @@ seconds one."""
 
 @dataclass(frozen=True)
 class Choice:
-    """The route a key takes: ``route``, the best seconds of each candidate that was timed
-    (empty where the route was not measured) and where the choice came from: ``"measured"``,
-    ``"cache"`` (a cache file) or ``"rule"``."""
+    """The route a key takes: ``route``, the best seconds of each candidate as measured, and
+    where the choice came from: ``"measured"`` (in this process) or ``"cache"`` (a cache file)."""
 
     route: str
-    seconds: dict[str, float] = field(default_factory=dict)
+    seconds: dict[str, float]
     source: str = "measured"
 
 
@@ -191,7 +190,7 @@ class RouteSelector:
             return self.timing
         return not _false(os.environ.get(TIMING_ENV, "on"))
 
-    def cache_file(self) -> Path | None:
+    def current_file(self) -> Path | None:
         """The file the choices are kept in (``cache_path``, else ``ATTNCONV_ROUTE_CACHE``)."""
         if self.cache_path is not None:
             return self.cache_path
@@ -230,7 +229,7 @@ class RouteSelector:
     def choice(self, key: str, candidates: Mapping[str, object] | None = None) -> Choice | None:
         """The choice made for ``key`` in this process or kept in the cache file, or ``None``
         (also where the cached route is not among ``candidates``: code that changed)."""
-        path = self.cache_file()
+        path = self.current_file()
         known = self._choices.get((path, key))
         if known is None and path is not None:
             entry = self._entries(path).get(key)
@@ -284,7 +283,7 @@ class RouteSelector:
         return self._files[path]
 
     def _remember(self, key: str, choice: Choice) -> None:
-        path = self.cache_file()
+        path = self.current_file()
         self._choices[path, key] = choice
         if path is None:
             return
