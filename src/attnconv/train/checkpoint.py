@@ -11,7 +11,8 @@ The main rank writes through a ``RunWriter``: each write first checks that the f
 run's (its lock), and a failed write (disk full, read-only) is one RunFolderError naming the last
 good checkpoint and how to go on. At an epoch's end ``last.pt`` is written first and ``best.pt`` and
 ``epoch_NNNN.pt`` copy it (``epoch_copies``); a resume rewrites the copies a kill left missing or
-stale (``repair_copies``).
+stale (``repair_copies``). Beside them the run keeps the attention routes its layers measured
+(``kept_routes``), taken again on resume.
 
 Saving, loading and rebuilding checkpoints live in ``attnconv.models.checkpoint`` (also reachable
 as ``attnconv.train.load_model`` and friends); ``attnconv.train.checkpoint.load_model``, the name
@@ -24,7 +25,7 @@ import itertools
 import math
 import warnings
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from attnconv.attention import routes
 from attnconv.errors import warn_deprecated
 from attnconv.models import checkpoint as stored  # the module: its names are not this one's
 from attnconv.models.modes import evaluating
@@ -49,6 +51,8 @@ from attnconv.train.evaluation import autocast, best_record
 from attnconv.train.logger import note
 
 _MOVED = ("load_model",)
+ROUTES_FILE = "routes.json"
+"""The run folder's file of the attention routes its layers measured (``attention/routes.py``)."""
 
 
 def rng_state() -> dict[str, Any]:
@@ -89,6 +93,13 @@ def gathered_rng_states(context: distributed.Context) -> list[dict[str, Any]]:
     states: list[Any] = [None] * context.world_size
     dist.all_gather_object(states, state)
     return states
+
+
+def kept_routes(run: RunDir, is_main: bool) -> AbstractContextManager:
+    """Keeps the attention routes the run's layers measure in its ``ROUTES_FILE`` and takes those
+    kept before again (a resumed run computes on the same routes: bit-identical weights on the
+    same machine); on the main rank (``is_main``), nothing on the others."""
+    return routes.cache_file(run.root / ROUTES_FILE) if is_main else nullcontext()
 
 
 def saved_position(path: Path) -> tuple[int, int] | None:

@@ -13,11 +13,9 @@ The main rank holds the run folder's lock (``attnconv.runs.locked_run``) for the
 diverged state is never saved (the run stops with NonFiniteLossError) and every kill point leaves
 a resumable run (``checkpoint``). Everything random is a function of the config's seed and the
 position in training (data order and augmentation: ``BatchLoader``; dropout: the torch RNG, saved
-in every checkpoint), so a run resumed from any checkpoint on a CPU with as many threads ends with
-exactly the weights of an uninterrupted run (``resume``, ``threads``; the attention routes the
-run measured are kept in ``routes.json`` and taken again, ``attnconv.attention.routes``). Also
-beside this room:
-``build``, ``progress``, ``evaluation``.
+in every checkpoint; the attention routes it measured: ``routes.json``), so a run resumed from any
+checkpoint on a CPU with as many threads ends with exactly the weights of an uninterrupted run
+(``resume``, ``threads``). Also beside this room: ``build``, ``progress``, ``evaluation``.
 """
 
 from __future__ import annotations
@@ -32,7 +30,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attnconv.attention import routes
 from attnconv.data import BatchLoader, load_splits
 from attnconv.errors import UserError
 from attnconv.hardware import machine_description
@@ -43,6 +40,7 @@ from attnconv.models.presets import size_note
 from attnconv.runs import RunDir, RunLock, locked_run, write_json
 from attnconv.train import build, checkpoint, distributed, evaluation, progress, resume
 from attnconv.train.build import check_data_fits, data_model_config
+from attnconv.train.checkpoint import ROUTES_FILE
 from attnconv.train.config import TrainConfig, save_config
 from attnconv.train.evaluation import autocast, evaluation_sums, machines_of
 from attnconv.train.logger import EpochFigure, RunLogger, epoch_record, format_start
@@ -52,13 +50,9 @@ from attnconv.train.schedule import LRSchedule, build_schedule
 from attnconv.train.threads import torch_threads, training_threads
 
 # The names other modules and users' scripts import from here (some live in build, evaluation).
-__all__ = ["LOG_INTERVAL", "NonFiniteLossError", "Trainer", "autocast", "check_data_fits",
-           "data_model_config", "evaluation_sums", "machines_of", "train",
+__all__ = ["LOG_INTERVAL", "ROUTES_FILE", "NonFiniteLossError", "Trainer", "autocast",
+           "check_data_fits", "data_model_config", "evaluation_sums", "machines_of", "train",
            "train_in_plans"]  # fmt: skip
-
-
-ROUTES_FILE = "routes.json"
-"""The run folder's file of the attention routes its layers measured (``attention/routes.py``)."""
 
 
 class NonFiniteLossError(RuntimeError):
@@ -132,10 +126,8 @@ def train(
     count, why = training_threads(threads)
     context = distributed.setup(config.device)
     locking = locked_run(run.root) if context.is_main else nullcontext()
-    # the routes this run measures, kept and taken again on resume (bit-identical weights)
-    kept_routes = routes.cache_file(run.root / ROUTES_FILE) if context.is_main else nullcontext()
     try:
-        with torch_threads(count), locking as lock, kept_routes:
+        with torch_threads(count), locking as lock, checkpoint.kept_routes(run, context.is_main):
             trainer = Trainer(config, run.root, context, resumed, init_checkpoint, epoch_figure,
                               lock=lock, log_interval=log_interval, threads=why)  # fmt: skip
             return trainer.fit(stop_after)
@@ -222,7 +214,6 @@ class Trainer:
             config.schedule, config.lr, config.epochs, self.steps_per_epoch,
             config.warmup_fraction, config.milestones, config.schedule_stepping,
         )  # fmt: skip
-        # the length before train(..., epochs=N) re-planned it; the re-plans, this one's included
         self.planned_epochs, self.replans = resume.replans_of(resumed, config, self.run)
         self.epoch, self.step = 0, 0
         self.metrics: list[dict[str, Any]] = []
