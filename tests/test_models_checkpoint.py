@@ -251,7 +251,7 @@ def test_commands_accept_a_version_1_checkpoint(tmp_path, capsys) -> None:
     assert "preset quick, epoch 2" in capsys.readouterr().out
 
 
-def test_a_checkpoint_is_named_by_its_preset_and_the_epochs_it_trained() -> None:
+def test_a_checkpoint_is_named_by_its_preset_and_the_epochs_it_trained(tmp_path, capsys):
     """``attnconv transform`` writes a transformed network with no epoch: it says so, where the
     commands printed "epoch ?" before."""
     from attnconv.convert import transform_checkpoint
@@ -268,3 +268,8 @@ def test_a_checkpoint_is_named_by_its_preset_and_the_epochs_it_trained() -> None
     assert checkpoint_name({**transformed, "epoch": 2}) == "tcnn-fashion-small, epoch 2"
     untrained = {key: value for key, value in cnn.items() if key != "epoch"}
     assert checkpoint_name(untrained) == "resnet-fashion-small, no epoch recorded"
+    path = tmp_path / "transformed.pt"
+    save_checkpoint(transformed, path)
+    assert cli.main(["heads", str(path), "--images", "0"]) == 0  # no content diagnostics
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first == f"{path}: preset tcnn-fashion-small, transformed, not fine-tuned"

@@ -6,9 +6,8 @@ import json
 import pytest
 import torch
 
+from attnconv.cli import main
 from attnconv.errors import UserError
-from attnconv.train.config import resolve_config
-from attnconv.train.loop import train
 from attnconv.train.threads import choose_threads, torch_threads
 from train_helpers import QUIET, TINY
 
@@ -58,11 +57,12 @@ def test_torch_threads_sets_the_count_inside_and_puts_it_back() -> None:
 
 
 def test_a_run_trains_with_the_threads_asked_and_says_so(tmp_path, capsys) -> None:
-    config = resolve_config("quick", "digits", ["epochs=1", *TINY, *QUIET])
+    argv = ["train", "--preset", "quick", "--out", str(tmp_path / "run"), "--threads", "1",
+            "epochs=1", *TINY, *QUIET]  # fmt: skip
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        train(config, tmp_path / "run", threads=1)
+        assert main(argv) == 0
         assert torch.get_num_threads() == 2  # put back
     finally:
         torch.set_num_threads(before)

@@ -52,7 +52,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from attnconv.analysis.content import content_layers, labelled_test_images
-    from attnconv.models.checkpoint import load_model
+    from attnconv.models.checkpoint import checkpoint_name, load_model
     from attnconv.models.heads import head_table
     from attnconv.models.pretrained import (
         checkpoint_or_pretrained,
@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         path = checkpoint_file(args.checkpoint)
         model, checkpoint = load_model(path)
-        source = f"{path}: preset {checkpoint['preset']}, epoch {checkpoint.get('epoch', '?')}"
+        source = f"{path}: preset {checkpoint_name(checkpoint)}"
         dataset = checkpoint["dataset"]
     measure = _content_to_measure(model, args)
     if measure:  # read before anything is printed: a dataset that does not fit stops here

@@ -61,8 +61,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--log-interval", type=int, metavar="N", default=LOG_INTERVAL,
         help="where stderr is not a terminal (nohup, tee, a log file, a notebook), print a line "
-        "every N optimizer steps: loss, learning rate, images per second and the time left; 0: "
-        f"only the line per epoch; also with --resume (default: {LOG_INTERVAL})",
+        "every N optimizer steps, the first after at most 5 s of training: loss, learning rate, "
+        "images per second and the time left; 0: only the line per epoch; also with --resume "
+        f"(default: {LOG_INTERVAL})",
+    )
+    parser.add_argument(
+        "--threads", type=int, metavar="N",
+        help="threads torch computes with (default: as many as the cores other work leaves "
+        "idle by the load average at the start, at most one per core; OMP_NUM_THREADS if set); "
+        "the start line says which and why; also with --resume: give the run's N again to "
+        "continue it bit for bit (the count changes float rounding)",
     )
     parser.add_argument("--device", help="auto (CUDA if available), cpu, cuda or cuda:N")
     parser.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR exactly "
@@ -143,7 +151,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         if plans is not None and len(plans) > 1:  # the same command continues it part-way
             train_in_plans(config, run_dir, plans, init_checkpoint=init,
-                           epoch_figure=attention_figure, log_interval=args.log_interval)  # fmt: skip
+                           epoch_figure=attention_figure, log_interval=args.log_interval,
+                           threads=args.threads)  # fmt: skip
         else:
             train(
                 config,
@@ -153,6 +162,7 @@ def run(args: argparse.Namespace) -> int:
                 init_checkpoint=init,
                 epoch_figure=attention_figure,
                 log_interval=args.log_interval,
+                threads=args.threads,
             )
     except NonFiniteLossError as err:
         print(f"attnconv train: stopped: {err}", file=sys.stderr)
