@@ -182,7 +182,8 @@ def test_analyze_with_weights_it_cannot_read_is_one_line(tmp_path, capsys):
     from attnconv.cli import main
 
     path = unreadable_weights(tmp_path, "truncated")
-    argv = ["analyze", "timm:vit_tiny_patch16_224", "--weights", str(path), "--out", str(tmp_path)]
+    out = tmp_path / "analysis"
+    argv = ["analyze", "timm:vit_tiny_patch16_224", "--weights", str(path), "--out", str(out)]
     assert main([*argv, "--image-size", "32"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "is not a readable safetensors file" in err

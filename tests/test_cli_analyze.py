@@ -302,7 +302,7 @@ def test_a_transformed_checkpoint_gets_the_measures_of_its_transformed_layers(tm
     assert [(m["name"], m["kind"]) for m in manifest["models"]] == [
         ("quadratic-fashion", "position"), ("tcnn-fashion-small, epoch 3", "probabilities")
     ]  # fmt: skip
-    code, _, err = analyze([*argv, "--window", "2"], capsys)
+    code, _, err = analyze([*argv, "--window", "2", "--overwrite"], capsys)
     assert code == 2 and "--window zooms the maps" in err and err.count("\n") == 1
 
 
@@ -342,7 +342,7 @@ def test_explore_refuses_options_the_added_models_do_not_use(vit_analysis, tmp_p
             "timm:convit_tiny: give --pretrained, --weights FILE or --random (one of them)",
         ),
         (
-            ["timm:convit_tiny", "--random", "--weights", "w.pt"],
+            ["timm:convit_tiny", "--random", "--weights", __file__],  # an existing file
             "give --pretrained, --weights FILE or --random",
         ),
         (["timm:convit_tiny", "--random", "--pretrained"], "give --pretrained, --weights FILE"),
@@ -353,7 +353,7 @@ def test_explore_refuses_options_the_added_models_do_not_use(vit_analysis, tmp_p
         (["no-such-thing"], "MODEL 'no-such-thing' is not timm:NAME, torchvision:NAME, a preset"),
         (["quick", "--pretrained", "quadratic-fashion"], "give MODEL or --pretrained NAME"),
         (["resnet-fashion"], "resnet-fashion (random initialisation) is a ResNet"),
-        (["quick", "--num-images", "0"], "--num-images must be at least 1"),
+        (["quick", "--num-images", "0"], "--num-images: expected an integer in [1, 100000]"),
         (["quick", "--images", "digits"], "attention is position-only, the same for every image"),
         (["timm:convit_tiny", "--random", "--data-dir", "d"], "--data-dir is for --images DATASET"),
         (["timm:convit_tiny", "--weights", "missing.safetensors"], "does not exist"),

@@ -24,7 +24,10 @@ def test_a_seed_outside_the_rule_train_keeps_is_one_line(capsys, command, seed):
     """One rule for seeds everywhere: train's (an integer in [0, 2**63))."""
     assert main([*command, "--seed", seed]) == 2
     err = capsys.readouterr().err
-    assert err == f"attnconv {command[0]}: error: --seed must be an integer in [0, 2**63), got {seed}\n"
+    assert err == (
+        f"attnconv {command[0]}: error: argument --seed: expected an integer in [0, 2**63 - 1], "
+        f"got '{seed}' (see attnconv {command[0]} --help)\n"
+    )
 
 
 def test_train_refuses_the_same_seeds(capsys):

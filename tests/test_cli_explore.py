@@ -24,7 +24,7 @@ def position_only(tmp_path):
     [
         (["--images", "2"], "--images and --data-dir do nothing for"),
         (["--data-dir", "somewhere"], "position-only, the same for every image"),
-        (["--weights-dir", "w"], "--weights-dir is for --pretrained"),
+        (["--weights-dir", "."], "--weights-dir is for --pretrained"),
         (["--port", "0"], "--port is for --serve"),
     ],
 )
@@ -95,7 +95,8 @@ def test_a_port_that_cannot_be_served_is_refused_before_the_site_is_written(
     out = tmp_path / "site"
     assert main(["explore", str(position_only), "--out", str(out), "--serve", "--port", port]) == 2
     assert capsys.readouterr().err == (
-        f"attnconv explore: error: --port must be in [0, 65535] (0 picks a free one), got {port}\n"
+        f"attnconv explore: error: argument --port: expected an integer in [0, 65535], got "
+        f"'{port}' (see attnconv explore --help)\n"
     )
     assert not out.exists()
 

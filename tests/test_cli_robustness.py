@@ -202,17 +202,23 @@ def test_help_lists_every_corruption(capsys):
             "DIGITS was trained on digits; corrupted test sets exist for fashion-mnist and "
             "fashion-mnist-anywhere: give a model trained on one of them",
         ),
-        (["FASHION", "--images", "0"], "--images must be between 1 and 10000, got 0"),
-        (["FASHION", "--images", "10001"], "--images must be between 1 and 10000, got 10001"),
-        (["FASHION", "--batch-size", "0"], "--batch-size must be >= 1, got 0"),
+        (["FASHION", "--images", "0"], "--images: expected an integer in [1, 10000], got '0'"),
+        (
+            ["FASHION", "--images", "10001"],
+            "--images: expected an integer in [1, 10000], got '10001'",
+        ),
+        (["FASHION", "--batch-size", "0"], "--batch-size: expected an integer in [1, 1000000]"),
         (
             ["FASHION", "--corruptions", "blur", "clean"],
             "unknown corruption 'clean' for --corruptions; expected some of shift-4, shift-8, "
             "shift-4-in-frame, shift-8-in-frame, noise-low, noise-high, blur, contrast, occlusion "
             "(the clean set is always measured)",
         ),
-        (["missing.pt"], "checkpoint missing.pt does not exist"),
-        (["FASHION", "--out", "nowhere/r.csv"], "--out nowhere/r.csv: the folder nowhere does not"),
+        (["missing.pt"], "a checkpoint file or run folder: it does not exist, got 'missing.pt'"),
+        (
+            ["FASHION", "--out", "nowhere/r.csv"],
+            "--out: expected a CSV file to write: its folder nowhere does not exist",
+        ),
     ],
 )
 def test_a_wrong_argument_or_model_is_one_line(tmp_path, monkeypatch, capsys, arguments, message):
@@ -225,3 +231,36 @@ def test_a_wrong_argument_or_model_is_one_line(tmp_path, monkeypatch, capsys, ar
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1, err
     assert not (tmp_path / "robustness.csv").exists()
+
+
+def test_the_csv_is_written_atomically(tmp_path, monkeypatch):
+    """Issue 55: the CSV was written in place, so a full disk left a 0-byte or partial file; a
+    failed write now leaves the file as it was and no temporary file."""
+    import errno
+
+    from attnconv.cli import robustness
+
+    path = tmp_path / "robustness.csv"
+    path.write_text("the previous table\n")
+    accuracy = {"a": {"clean": 0.9, "blur": 0.8}, "b": {"clean": 0.7, "blur": 0.6}}
+    datasets = {"a": "fashion-mnist", "b": "fashion-mnist"}
+    real = csv.writer
+
+    class FullDisk:
+        def __init__(self, handle):
+            self.writer, self.rows = real(handle), 0
+
+        def writerow(self, row):
+            self.rows += 1
+            if self.rows == 3:  # the disk fills while the second model's row is written
+                raise OSError(errno.ENOSPC, "No space left on device")
+            self.writer.writerow(row)
+
+    monkeypatch.setattr(robustness.csv, "writer", FullDisk)
+    with pytest.raises(OSError, match="No space left"):
+        robustness.write_csv(accuracy, datasets, 10, path)
+    assert path.read_text() == "the previous table\n"
+    monkeypatch.undo()
+    robustness.write_csv(accuracy, datasets, 10, path)
+    assert path.read_text().splitlines()[2] == "b,fashion-mnist,10,0.700000,0.600000,0.600000,-0.100000"
+    assert [p.name for p in tmp_path.iterdir()] == ["robustness.csv"]

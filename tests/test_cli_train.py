@@ -42,9 +42,10 @@ def test_a_flag_and_an_override_of_the_same_key_are_refused(captured, capsys):
 
 
 def test_epochs_must_be_an_integer(capsys):
-    with pytest.raises(SystemExit):
-        main(["train", "--preset", "quick", "--epochs", "3.5"])
-    assert "invalid int value: '3.5'" in capsys.readouterr().err
+    assert main(["train", "--preset", "quick", "--epochs", "3.5"]) == 2
+    err = capsys.readouterr().err
+    assert "argument --epochs: expected an integer in [1, 1000000], got '3.5'" in err
+    assert err.count("\n") == 1
 
 
 def test_init_checkpoint_is_loaded_once(captured, monkeypatch, tmp_path):
@@ -54,12 +55,14 @@ def test_init_checkpoint_is_loaded_once(captured, monkeypatch, tmp_path):
     # imported: import them before the patch, so that it does not outlive this test
     importlib.import_module("attnconv.viz.figures")
     monkeypatch.setattr(checkpoint_module, "load_checkpoint", lambda path: loaded.append(path) or fake)
-    argv = ["train", "--preset", "quadratic-generalized-pruned", "--init", "g.pt",
+    init = tmp_path / "g.pt"
+    init.write_bytes(b"")  # an existing file: what --init reads is load_checkpoint's (patched)
+    argv = ["train", "--preset", "quadratic-generalized-pruned", "--init", str(init),
             "--out", str(tmp_path / "run")]
     assert main(argv) == 0
     ((args, kwargs),) = captured
-    assert loaded == ["g.pt"] and kwargs["init_checkpoint"] is fake
-    assert (args[0].dataset, args[0].init) == ("fashion-mnist", "g.pt")  # the checkpoint's dataset
+    assert loaded == [str(init)] and kwargs["init_checkpoint"] is fake
+    assert (args[0].dataset, args[0].init) == ("fashion-mnist", str(init))  # its dataset
 
 
 def test_resume_uses_the_checkpoint_config_not_an_edited_config_json(tmp_path, capsys):
@@ -80,13 +83,17 @@ def test_resume_uses_the_checkpoint_config_not_an_edited_config_json(tmp_path, c
 
 
 def test_resume_takes_no_other_options_but_epochs(captured, tmp_path, capsys):
+    assert main(["train", "--resume", str(tmp_path)]) == 2
+    assert "argument --resume: expected a run folder to resume: it has no checkpoints/last.pt" in (
+        capsys.readouterr().err
+    )
+    last = tmp_path / "checkpoints" / "last.pt"
+    last.parent.mkdir()
+    last.touch()
     for flag in (["--precision", "fp32"], ["lr=0.5"], ["--out", "x"], ["--dataset", "digits"]):
         assert main(["train", "--resume", str(tmp_path), *flag]) == 2
         assert "takes no other options" in capsys.readouterr().err
     assert not captured
-    last = tmp_path / "checkpoints" / "last.pt"
-    last.parent.mkdir()
-    last.touch()
     assert main(["train", "--resume", str(tmp_path), "--epochs", "3"]) == 0
     assert main(["train", "--resume", str(tmp_path)]) == 0
     (first, second) = captured
@@ -98,6 +105,10 @@ def test_a_new_run_passes_epochs_in_its_config_not_as_an_extension(captured, tmp
     assert main(["train", "--preset", "quick", "--epochs", "3", "--out", str(tmp_path / "r")]) == 0
     ((args, kwargs),) = captured
     assert args[0].epochs == 3 and kwargs["epochs"] is None and not kwargs["resume"]
+
+
+# the tcnn-* presets' content start (their shipped weights'), as attnconv transform's options
+PRESET_START = ["--gate", "clamp", "--opening", "0", "--qk-init", "default", "--qk-weight-decay"]
 
 
 def test_a_tcnn_preset_transforms_a_cnn_init_as_attnconv_transform_does(captured, tmp_path):
@@ -112,14 +123,14 @@ def test_a_tcnn_preset_transforms_a_cnn_init_as_attnconv_transform_does(captured
     assert args[0].init == "pretrained:resnet-fashion-small" and args[0].seed == 3
     assert init["architecture"] == "transformed" and init["preset"] == "tcnn-fashion-small"
     assert main(["transform", "--pretrained", "resnet-fashion-small", "--spread", "3",
-                 "--seed", "3", "--out", str(tmp_path / "t")]) == 0  # fmt: skip
+                 "--seed", "3", "--out", str(tmp_path / "t"), *PRESET_START]) == 0  # fmt: skip
     written = load_checkpoint(tmp_path / "t" / "transformed.pt")
     assert written["arguments"] == init["arguments"] and written["preset"] == init["preset"]
     assert written["model"].keys() == init["model"].keys()
     for key, value in written["model"].items():
         assert torch.equal(value, init["model"][key]), key
     assert main(["transform", "--pretrained", "resnet-fashion-small", "--spread", "3",
-                 "--seed", "4", "--out", str(tmp_path / "t4")]) == 0  # fmt: skip
+                 "--seed", "4", "--out", str(tmp_path / "t4"), *PRESET_START]) == 0  # fmt: skip
     other = load_checkpoint(tmp_path / "t4" / "transformed.pt")["model"]
     key = "network.stages.3.0.conv1.query.weight"
     assert not torch.equal(other[key], init["model"][key])  # the seed draws them

@@ -375,6 +375,79 @@ def test_unbatched_input_runs_as_in_the_original():
         convert_model(image)(torch.randn(7, 6, dtype=F64))
 
 
+def test_a_padding_changed_after_construction_and_process_wide_hooks_are_left():
+    """Issue 55: a reflect-padded convolution whose ``.padding`` was changed after construction
+    pads as built (torch keeps the pads it computed then), and a process-wide forward hook sees
+    every nn.Conv2d: both were converted silently, now they are left and listed."""
+    torch.manual_seed(5)
+    x = torch.randn(1, 2, 9, 9, dtype=F64)
+    changed = nn.Conv2d(2, 2, 3, padding=1, padding_mode="reflect").to(F64)
+    changed.padding = (2, 2)
+    same = nn.Conv2d(2, 2, 3, padding="same", dilation=2, padding_mode="reflect").to(F64)
+    model = nn.Sequential(changed, same)
+    reason = "its reflect padding was changed after construction: its forward pads [1, 1, 1, 1]"
+    assert [(r.name, r.reason[: len(reason)]) for r in layers_left(model)] == [("0", reason)]
+    converted = convert_model(model)
+    assert converted[0] is not changed and type(converted[0]) is nn.Conv2d
+    assert isinstance(converted[1], AttentionConv)
+    assert_same_function(model, converted, x, 1e-12)
+    with pytest.raises(ConversionError, match="reflect padding was changed"):
+        convert_model(model, strict=True)
+
+    seen = []
+    handle = nn.modules.module.register_module_forward_hook(
+        lambda module, args, out: seen.append(type(module).__name__)
+    )
+    try:
+        left = layers_left(nn.Sequential(nn.Conv2d(2, 2, 3)))
+        assert [r.reason.split(" (")[0] for r in left] == [
+            "process-wide module forward hooks are registered"
+        ]
+        with pytest.raises(ConversionError, match="process-wide module forward hooks"):
+            convert_model(nn.Conv2d(2, 2, 3), strict=True)
+    finally:
+        handle.remove()
+    assert layers_left(nn.Conv2d(2, 2, 3)) == []
+    original = nn.Conv2d.forward
+    nn.Conv2d.forward = lambda self, x: original(self, x) * 2  # replaced for every Conv2d
+    try:
+        assert "not torch's (replaced process-wide)" in layers_left(nn.Conv2d(2, 2, 3))[0].reason
+    finally:
+        nn.Conv2d.forward = original
+
+
+def test_a_converted_model_pickles_deep_copies_and_converts_any_number_of_times():
+    """Issue 55: the first torch.save stripped ``attention.out.weight`` from the class the
+    original shares: a second save raised AttributeError and the forward failed."""
+    import copy
+    import pickle
+
+    from attnconv.convert import attention_to_conv
+
+    torch.manual_seed(3)
+    converted = convert_model(nn.Sequential(nn.Conv2d(3, 4, 3)), spread=5.0)
+    x = torch.randn(2, 3, 8, 8)
+    expected = converted(x)
+    for _ in range(3):
+        buffer = io.BytesIO()
+        torch.save(converted, buffer)
+        buffer.seek(0)
+        for twin in (
+            torch.load(buffer, weights_only=False),
+            copy.deepcopy(converted),
+            pickle.loads(pickle.dumps(converted)),
+            convert_model(converted),  # a converted model converts again, unchanged
+        ):
+            assert torch.equal(twin(x), expected)
+            assert twin[0].weight is not converted[0].weight
+            assert twin[0].attention.out.parametrizations.weight.original is twin[0].weight
+    assert torch.equal(converted(x), expected)  # the original is untouched
+    assert converted[0].attention.out.weight.shape == (4, 27)
+    hard = convert_model(nn.Conv2d(3, 4, 3))
+    copy.deepcopy(hard)
+    assert attention_to_conv(hard.attention, 8, 8).shape[0] == 4
+
+
 def test_a_converted_model_pickles_and_trains_after_loading(timm):
     torch.manual_seed(11)
     model = nn.Sequential(

@@ -11,6 +11,8 @@ from torch import nn
 import attnconv
 from attnconv.attention.transformed import TransformedConv2d
 from attnconv.convert import (
+    CONTENT_START,
+    FIRST_FORM,
     ConversionError,
     calibrate_content,
     choose_opening,
@@ -28,6 +30,8 @@ from attnconv.models.transformed import TransformedNetwork
 F64 = torch.float64
 SMALL = {"widths": (4, 8, 8, 16), "image_size": (16, 16), "in_channels": 1, "mean": (0.5,),
          "std": (0.25,)}  # fmt: skip
+
+SHUT = {key: FIRST_FORM[key] for key in ("gate", "opening", "qk_init")}  # transform()'s part
 
 
 def small_cnn(seed: int = 0) -> tuple[nn.Module, dict]:
@@ -81,7 +85,7 @@ def test_step_zero_is_the_cnn_with_blurred_kernels_forward_and_kernel_gradients(
     CNN whose transformed kernels are blurred by the heads' Gaussian, forward and in the gradient
     of every kernel (transformed or not)."""
     cnn, _ = small_cnn()
-    model = transform(cnn, spread=spread).eval()
+    model = transform(cnn, spread=spread, **SHUT).eval()  # gates shut: exact
     assert not any(isinstance(m, TransformedConv2d) for m in cnn.modules())  # a copy
     reference = small_cnn()[0]
     for name in TCNN_FASHION_LAYERS:
@@ -108,7 +112,7 @@ def test_step_zero_is_the_cnn_with_blurred_kernels_forward_and_kernel_gradients(
 
 def test_a_large_spread_is_the_cnn_itself():
     cnn, _ = small_cnn()
-    model = transform(cnn, spread=12.0).eval()
+    model = transform(cnn, spread=12.0, **SHUT).eval()
     x = torch.rand(3, 1, 16, 16, dtype=F64)
     with torch.no_grad():
         assert (model(x) - cnn(x)).abs().max() <= 1e-12 * cnn(x).abs().max()
@@ -248,7 +252,7 @@ def test_attention_lr_scale_multiplies_only_the_parameters_the_transform_added()
     from attnconv.train.loop import Trainer
 
     _, checkpoint = small_cnn()
-    model = build_model(transform_checkpoint(checkpoint, spread=3.0))
+    model = build_model(transform_checkpoint(checkpoint, spread=3.0, **FIRST_FORM))
     trainer = Trainer.__new__(Trainer)  # only the optimizer's set-up is exercised
     trainer.model = model
     names = {id(p): n for n, p in model.named_parameters()}
@@ -326,11 +330,19 @@ def test_content_start_options_reach_every_layer_and_round_trip(tmp_path):
     x = torch.rand(4, 1, 16, 16)
     with torch.no_grad():
         assert torch.equal(loaded(x), model.eval()(x))
-    first = build_model(transform_checkpoint(checkpoint, spread=3.0))  # the first form's
+    first = build_model(transform_checkpoint(checkpoint, spread=3.0, **FIRST_FORM))
     first_exempt = first.no_weight_decay_parameters("original")
     assert "network.stages.3.1.conv2.query.weight" not in first_exempt
     for layer in first.transformed_layers().values():
         assert layer.gate_kind == "clamp" and float(layer.content_gates().detach().abs().max()) == 0
+    # the default: CONTENT_START's (open clamped gates, mimetic queries and keys, no decay)
+    default = transform_checkpoint(checkpoint, spread=3.0, images=images)
+    assert {key: default["arguments"][key] for key in CONTENT_START} == CONTENT_START
+    model = build_model(default)
+    assert "network.stages.3.1.conv2.query.weight" in model.no_weight_decay_parameters("original")
+    for layer in model.transformed_layers().values():
+        gates = layer.content_gates().detach()
+        assert torch.allclose(gates, torch.full((9,), CONTENT_START["opening"]))
 
 
 def test_calibrate_content_gives_the_content_logits_the_asked_spread():

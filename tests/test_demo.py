@@ -82,7 +82,10 @@ def test_a_bad_epoch_count_fails_before_any_work_and_leaves_no_folder(tmp_path, 
     out = tmp_path / "demo"
     assert cli.main(["demo", "--out", str(out), "--epochs", "-1"]) == 2
     printed = capsys.readouterr()
-    assert printed.err == "attnconv demo: error: epochs must be >= 1, got -1\n"
+    assert printed.err == (
+        "attnconv demo: error: argument --epochs: expected an integer in [1, 10000], got '-1' "
+        "(see attnconv demo --help)\n"
+    )
     assert printed.out == "" and not out.exists()
 
 

@@ -323,13 +323,13 @@ def test_heads_of_a_grid_started_model_say_how_far_each_moved_from_its_tap(tmp_p
 @pytest.mark.parametrize(
     ("option", "value", "expected"),
     [
-        ("--min-spread", "nan", "a positive finite number"),
-        ("--min-spread", "-1", "a positive finite number"),
-        ("--min-spread", "0", "a positive finite number"),
-        ("--min-spread", "inf", "a positive finite number"),
-        ("--max-condition", "nan", "a finite number >= 1"),
-        ("--max-condition", "0.5", "a finite number >= 1"),
-        ("--max-condition", "inf", "a finite number >= 1"),
+        ("--min-spread", "nan", "a finite number in (0, 1000000]"),
+        ("--min-spread", "-1", "a finite number in (0, 1000000]"),
+        ("--min-spread", "0", "a finite number in (0, 1000000]"),
+        ("--min-spread", "inf", "a finite number in (0, 1000000]"),
+        ("--max-condition", "nan", "a finite number in [1, 10**15]"),
+        ("--max-condition", "0.5", "a finite number in [1, 10**15]"),
+        ("--max-condition", "inf", "a finite number in [1, 10**15]"),
     ],
 )
 def test_heads_command_thresholds_that_flag_nothing_or_everything_are_one_line(
@@ -340,7 +340,8 @@ def test_heads_command_thresholds_that_flag_nothing_or_everything_are_one_line(
     write_checkpoint(path, generalized_model())
     assert cli.main(["heads", str(path), option, value]) == 2
     assert capsys.readouterr().err == (
-        f"attnconv heads: error: {option} must be {expected}, got {float(value)}\n"
+        f"attnconv heads: error: argument {option}: expected {expected}, got '{value}' (see "
+        f"attnconv heads --help)\n"
     )
 
 

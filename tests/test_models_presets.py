@@ -548,5 +548,6 @@ def test_size_note_warns_when_a_preset_meets_much_larger_images():
 def test_models_command_refuses_a_class_count_it_cannot_build_in_one_line(capsys, count):
     assert cli.main(["models", "--num-classes", count]) == 2
     assert capsys.readouterr().err == (
-        f"attnconv models: error: --num-classes must be an integer in [1, 2**31), got {count}\n"
+        f"attnconv models: error: argument --num-classes: expected an integer in [1, 2**31 - 1], "
+        f"got '{count}' (see attnconv models --help)\n"
     )

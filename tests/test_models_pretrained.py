@@ -158,6 +158,68 @@ def test_a_packed_file_that_is_not_one_is_refused_in_one_line(tmp_path):
             load_pretrained("tiny", tmp_path)
 
 
+def _rehash(folder, data: bytes, **entry) -> None:
+    """Write ``data`` as the tiny model's file, its index entry rehashed (and updated with
+    ``entry``): what an index made wrongly, or by someone else, says."""
+    index = json.loads((folder / INDEX_NAME).read_text())
+    (folder / index[0]["file"]).write_bytes(data)
+    index[0].update(sha256=hashlib.sha256(data).hexdigest(), **entry)
+    (folder / INDEX_NAME).write_text(json.dumps(index))
+
+
+def test_a_packed_file_that_expands_past_its_recorded_size_is_refused_within_it(tmp_path):
+    """Issue 55: a 915 KB packed file that expands to 6 GiB of zeros (its index rehashed) was
+    decompressed without a limit: 3.4 GB resident, then MemoryError. The index records the
+    unpacked size; decompression stops there, and the memory it takes with it."""
+    import tracemalloc
+
+    export_quick(tmp_path)
+    size = json.loads((tmp_path / INDEX_NAME).read_text())[0]["size"]
+    assert size == len(unpack_weights((tmp_path / "tiny.safetensors.shuf.xz").read_bytes()))
+    compressor = lzma.LZMACompressor(format=lzma.FORMAT_XZ, preset=1)
+    zeros = bytes(2**24)
+    bomb = b"".join(compressor.compress(zeros) for _ in range(16)) + compressor.flush()  # 256 MiB
+    assert len(bomb) < 2**16
+    _rehash(tmp_path, bomb)
+    tracemalloc.start()
+    try:
+        with pytest.raises(PretrainedError, match=f"decompresses to more than the {size} bytes"):
+            load_pretrained("tiny", tmp_path)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 * size + 2**22  # not the 256 MiB it expands to
+    _rehash(tmp_path, bomb, size=2**40)  # an index that says more than any weights hold
+    with pytest.raises(PretrainedError, match="has a size of 1099511627776 bytes, not in"):
+        load_pretrained("tiny", tmp_path)
+    index = json.loads((tmp_path / INDEX_NAME).read_text())
+    del index[0]["size"]
+    (tmp_path / INDEX_NAME).write_text(json.dumps(index))
+    with pytest.raises(PretrainedError, match=r"lacks size \(a packed file's unpacked size\)"):
+        load_pretrained("tiny", tmp_path)
+
+
+def test_a_safetensors_header_nested_deeply_is_one_line(tmp_path):
+    """Issue 55: a packed file whose safetensors header nests 100,000 '[' raised RecursionError."""
+    export_quick(tmp_path)
+    header = b"[" * 100_000
+    plain = len(header).to_bytes(8, "little") + header
+    _rehash(tmp_path, lzma.compress(plain), size=len(plain))
+    with pytest.raises(PretrainedError, match="its safetensors header is not JSON") as error:
+        load_pretrained("tiny", tmp_path)
+    assert "\n" not in str(error.value) and "tiny.safetensors.shuf.xz" in str(error.value)
+    with pytest.raises(ValueError, match="nested too deeply"):
+        unpack_weights(lzma.compress(plain))
+    for entry in ({"x": {"dtype": "F32", "shape": [1], "data_offsets": [0, 8]}},
+                  {"x": {"dtype": "F32", "shape": ["a"], "data_offsets": [0, 4]}},
+                  {"x": {"dtype": 3, "shape": [1], "data_offsets": [0, 4]}}, [1]):  # fmt: skip
+        text = json.dumps(entry).encode()
+        plain = len(text).to_bytes(8, "little") + text + bytes(4)
+        _rehash(tmp_path, lzma.compress(plain), size=len(plain))
+        with pytest.raises(PretrainedError, match=r"tiny\.safetensors\.shuf\.xz"):
+            load_pretrained("tiny", tmp_path)
+
+
 def test_second_export_keeps_the_first_entry(tmp_path):
     export_quick(tmp_path, "one", 0.1)
     export_quick(tmp_path, "two", 0.2)
@@ -254,14 +316,16 @@ def test_shipped_test_images_round_trip(tmp_path):
         export_samples(images.float(), labels, ["a"], "toy", tmp_path)
 
 
-def test_commands_take_a_checkpoint_or_a_pretrained_name_not_both(capsys):
+def test_commands_take_a_checkpoint_or_a_pretrained_name_not_both(capsys, tmp_path):
     from attnconv import cli
 
-    for command in (["eval"], ["plot", "--out", "x"]):
+    some = tmp_path / "some.pt"
+    some.write_bytes(b"")
+    for command in (["eval"], ["plot", "--out", str(tmp_path / "x")]):
         assert cli.main([*command, "--pretrained", "no-such-model"]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and "no pretrained weights for 'no-such-model'" in err[0], err
-        assert cli.main([*command, "some.pt", "--pretrained", "no-such-model"]) == 2
+        assert cli.main([*command, str(some), "--pretrained", "quadratic-fashion"]) == 2
         assert "give a CHECKPOINT or --pretrained NAME" in capsys.readouterr().err
         assert cli.main(command) == 2
         assert "give a CHECKPOINT or --pretrained NAME" in capsys.readouterr().err

@@ -100,7 +100,7 @@ def test_run_plans_follow_the_recipe_seed_and_precision():
     # learned-content-fashion shipped from an 18-epoch plan stopped after epoch 1, then 22 epochs
     content, plans = reproduce.run_plan("fashion-mnist", "learned-content-fashion", "shipped", 0)
     assert (content.epochs, content.precision, plans) == (18, "bf16", [(18, 1), (22, 22)])
-    with pytest.raises(ValueError, match="unknown recipe 'paper'; valid recipes: shipped, presets"):
+    with pytest.raises(ValueError, match="unknown recipe 'paper'; valid recipes: presets, shipped"):
         reproduce.run_plan("fashion-mnist", "learned-fashion", "paper", 0)
     # on fashion-mnist-anywhere the models without shipped weights train as they stand
     anywhere, plans = reproduce.run_plan("fashion-mnist-anywhere", "learned-anywhere", "presets", 0)
@@ -294,11 +294,11 @@ def test_the_experiment_trains_each_model_once_per_seed_into_its_own_folder(tmp_
     (tmp_path / "results.md").write_text("table")
     presets = ["quadratic-fashion", "learned-fashion"]
     reproduce.run_experiment("fashion-mnist", tmp_path, presets, seeds=[1, 0, 1])
-    assert trained == [
-        ("quadratic-fashion", tmp_path / "quadratic-fashion" / "seed-1", 1, 26),
-        ("quadratic-fashion", tmp_path / "quadratic-fashion" / "seed-0", 0, 26),
-        ("learned-fashion", tmp_path / "learned-fashion" / "seed-1", 1, 22),
-        ("learned-fashion", tmp_path / "learned-fashion" / "seed-0", 0, 22),
+    assert trained == [  # the presets as they stand: every model the same 50 epochs
+        ("quadratic-fashion", tmp_path / "quadratic-fashion" / "seed-1", 1, 50),
+        ("quadratic-fashion", tmp_path / "quadratic-fashion" / "seed-0", 0, 50),
+        ("learned-fashion", tmp_path / "learned-fashion" / "seed-1", 1, 50),
+        ("learned-fashion", tmp_path / "learned-fashion" / "seed-0", 0, 50),
     ]
     assert analysed[0] == (
         tmp_path / "quadratic-fashion" / "seed-1",
@@ -309,6 +309,12 @@ def test_the_experiment_trains_each_model_once_per_seed_into_its_own_folder(tmp_
         ("quadratic-fashion", 1),
         ("learned-fashion", 1),
     ]
+    trained.clear()
+    reproduce.run_experiment("fashion-mnist", tmp_path, presets, seeds=[0], epochs=26)
+    assert [run[3] for run in trained] == [26, 26]  # the short column: one length for all
+    trained.clear()
+    reproduce.run_experiment("fashion-mnist", tmp_path, presets, seeds=[0], recipe="shipped")
+    assert [run[3] for run in trained] == [26, 22]  # as the shipped weights were trained
     # a run left directly in out/PRESET (the layout before seed folders) is not ignored
     old = tmp_path / "quadratic-fashion"
     (old / "checkpoints").mkdir(parents=True)
@@ -381,6 +387,50 @@ def test_analyse_only_tables_the_finished_runs_each_model_has_and_trains_nothing
     assert trained == []
 
 
+BROKEN_RUNS = {
+    # issue 55: each was a traceback from reproduce --analyse-only
+    "summary not UTF-8": ("summary.json", b"\xff\xfe{}", "summary.json cannot be read (not UTF-8"),
+    "summary a list": ("summary.json", b"[]", "summary.json must hold an object, not an array"),
+    "test_acc a string": (
+        "summary.json", {"test_acc": "x"}, "test_acc must be a number, got a string 'x'"
+    ),
+    "preset unknown": ("summary.json", {"preset": "nope"}, "names preset 'nope', which attnconv"),
+    "config not UTF-8": ("config.json", b"\xff", "config.json cannot be read (not UTF-8"),
+    "config a list": ("config.json", b"[1]", "config.json must hold an object, not an array"),
+    "seed missing": ("config.json", {"seed": None}, "seed must be an integer, got null"),
+    "best.pt a ResNet": (
+        "checkpoints/best.pt",
+        None,
+        "holds a ResNet of preset 'resnet-fashion-small', but the run's summary.json says preset "
+        "'quick'",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", BROKEN_RUNS)
+def test_analyse_only_refuses_a_broken_run_folder_in_one_line(case, tmp_path, quick_run, capsys):
+    from attnconv.cli import main
+    from viz_helpers import save_checkpoint
+
+    name, content, message = BROKEN_RUNS[case]
+    run = tmp_path / "quadratic-fashion" / "seed-0"
+    shutil.copytree(quick_run, run)
+    path = run / name
+    if isinstance(content, dict):
+        path.write_text(json.dumps({**json.loads(path.read_text()), **content}))
+    elif content is None:
+        model = create_model("resnet-fashion-small")
+        save_checkpoint(path, model, "resnet-fashion-small", {}, dataset="fashion-mnist")
+    else:
+        path.write_bytes(content)
+    argv = ["reproduce", "fashion-mnist", "--out", str(tmp_path), "--presets",
+            "quadratic-fashion", "--analyse-only"]  # fmt: skip
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1 and "Traceback" not in err, err
+    assert not (tmp_path / "results.md").exists()
+
+
 def test_shipped_weights_record_the_command_that_trained_them(tmp_path, quick_run):
     data = load_splits("digits")
     summary = json.loads((quick_run / "summary.json").read_text())
@@ -433,12 +483,42 @@ def test_the_command_line_passes_seeds_recipe_and_precision(monkeypatch, tmp_pat
     )
     (args, first), (_, second) = calls
     assert args == ("fashion-mnist", out)
-    assert (first["seeds"], first["recipe"], first["precision"]) == ([0, 1], "shipped", None)
+    assert (first["seeds"], first["recipe"], first["precision"]) == ([0, 1], "presets", None)
     assert (second["seeds"], second["recipe"], second["precision"]) == (None, "presets", "bf16")
     assert not first["analyse_only"]
     assert main(["reproduce", "fashion-mnist", "--out", out, "--analyse-only"]) == 0
-    assert calls[-1][1]["analyse_only"] and calls[-1][1]["recipe"] == "shipped"
+    assert calls[-1][1]["analyse_only"] and calls[-1][1]["recipe"] == "presets"
+    assert main(["reproduce", "fashion-mnist", "--out", out, "--epochs", "26"]) == 0
+    assert calls[-1][1]["epochs"] == 26 and not calls[-1][1]["analyse_only"]
     calls.clear()
     refused = ["reproduce", "fashion-mnist", "--out", out, "--analyse-only", "--precision", "bf16"]
     assert main(refused) != 0
     assert calls == []
+
+
+def test_every_run_is_set_against_the_cnn_of_its_seed(tmp_path, monkeypatch, quick_run):
+    """results.md ends with each model's run against the baseline's run of the same seed on the
+    test split: the counts and p-value of analysis.paired.compare_checkpoints."""
+    import shutil
+
+    from attnconv.analysis.paired import compare_checkpoints
+
+    monkeypatch.setitem(reproduce.BASELINES, "digits", "cnn")
+    other = tmp_path / "other" / "seed-0"
+    config = resolve_config("quick", "digits", {"epochs": 1, "seed": 1, "tensorboard": False,
+                                                "progress": False})  # fmt: skip
+    train(config, other)
+    shutil.copytree(quick_run, tmp_path / "cnn" / "seed-0")
+    (tmp_path / "results.md").write_text("the table\n")
+    rows = [{"preset": "other", "seed": 0, "epochs": 1}, {"preset": "cnn", "seed": 0, "epochs": 3}]
+    reproduce.write_against_baseline("digits", tmp_path, rows, None)
+    text = (tmp_path / "results.md").read_text()
+    expected = compare_checkpoints(str(other), str(tmp_path / "cnn" / "seed-0"))
+    assert text.startswith("the table\n") and "Against `cnn`" in text
+    assert (
+        f"| `other` | 0 | 1 (baseline: 3: not one budget) | {100 * expected.accuracy_a:.2f} | "
+        f"`cnn` | {100 * expected.accuracy_b:.2f} | {100 * expected.difference:+.2f} | "
+        f"{expected.only_a} | {expected.only_b} | {expected.p_value:.3g} |"
+    ) in text
+    reproduce.write_against_baseline("digits", tmp_path, rows[:1], None)  # no CNN run: nothing
+    assert (tmp_path / "results.md").read_text() == text

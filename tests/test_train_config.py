@@ -117,7 +117,7 @@ def test_python_values_are_type_checked() -> None:
     ("lr=-0.1", "lr must be > 0, got -0.1"),
     ("lr=0", "lr must be > 0"),
     ("epochs=-3", "epochs must be >= 1, got -3"),
-    ("batch_size=0", "batch_size must be >= 1"),
+    ("batch_size=0", r"batch_size must be in \[1, 1000000\], got 0"),
     ("momentum=1", r"momentum must be in \[0, 1\)"),
     ("weight_decay=-1e-4", "weight_decay must be >= 0"),
     ("warmup_fraction=1", "warmup_fraction"),
@@ -234,8 +234,8 @@ def test_an_extended_config_has_the_new_length_and_keeps_step_milestones() -> No
         (
             "quadratic-generalized-pruned",
             None,
-            ["init=/runs/my run/best.pt", "lr=0.02"],
-            "attnconv train --preset quadratic-generalized-pruned --init '/runs/my run/best.pt' lr=0.02",
+            ["init=pretrained:my run", "lr=0.02"],  # read back: --init must name a file or this
+            "attnconv train --preset quadratic-generalized-pruned --init 'pretrained:my run' lr=0.02",
         ),
         (
             "quick",
@@ -316,8 +316,13 @@ def test_load_config_errors(tmp_path) -> None:
     with pytest.raises(FileNotFoundError, match="no training config"):
         load_config(tmp_path / "missing.json")
     (tmp_path / "bad.json").write_text("{not json")
-    with pytest.raises(ValueError, match=re.escape("bad.json is not valid JSON")):
+    with pytest.raises(ValueError, match=re.escape("bad.json cannot be read (not valid JSON")):
         load_config(tmp_path / "bad.json")
+    for data, message in ((b"\xff", "not UTF-8 text"), (b"[" * 100_000, "nested too deeply"),
+                          (b"[]", "must hold an object, not an array")):  # fmt: skip
+        (tmp_path / "bad.json").write_bytes(data)
+        with pytest.raises(ValueError, match=re.escape(message)):
+            load_config(tmp_path / "bad.json")
 
 
 def test_coerce_tuple_of_fixed_length() -> None:

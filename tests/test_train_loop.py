@@ -531,11 +531,12 @@ def test_eval_of_a_transformed_checkpoint_is_its_accuracy(tmp_path, capsys) -> N
         (["train", "--preset", "nope"], "unknown preset 'nope'; valid presets: quadratic"),
         (["train", "--preset", "quick", "--dataset", "mnist"], "unknown dataset 'mnist'; valid"),
         (["train", "--preset", "quick", "lr=-1"], "lr must be > 0, got -1.0"),
-        (["train", "--preset", "quick", "--epochs", "-2"], "epochs must be >= 1, got -2"),
+        (["train", "--preset", "quick", "--epochs", "-2"], "--epochs: expected an integer in [1, "),
+        (["train", "--preset", "quick", "epochs=-2"], "epochs must be >= 1, got -2"),
         (["train", "--preset", "quick", "epochs=two"], "epochs: expected int, got 'two'"),
         (["train", "--preset", "quick", "colour=red"], "unknown config key 'colour'; valid keys:"),
         (["train"], "give --preset (one of quadratic"),
-        (["eval", "missing.pt"], "checkpoint missing.pt does not exist"),
+        (["eval", "missing.pt"], "checkpoint file or run folder: it does not exist, got 'missing"),
     ],
 )
 def test_bad_input_is_one_line(argv: list, message: str, capsys) -> None:
@@ -547,7 +548,7 @@ def test_bad_input_is_one_line(argv: list, message: str, capsys) -> None:
 def test_bad_runs_and_checkpoints(finished_run: Path, tmp_path, capsys) -> None:
     (tmp_path / "empty").mkdir()
     cases = [
-        (["train", "--resume", str(tmp_path / "empty")], "has no checkpoint to resume from"),
+        (["train", "--resume", str(tmp_path / "empty")], "it has no checkpoints/last.pt"),
         (["train", "--resume", str(tmp_path / "nowhere")], "does not exist"),
         (
             ["train", "--resume", str(finished_run), "--preset", "quadratic"],

@@ -630,6 +630,37 @@ def test_ctrl_c_is_one_line_saying_how_to_go_on(
         assert load_checkpoint(last)["epoch"] == 2
 
 
+def test_sigterm_says_where_the_checkpoint_is_and_how_to_resume(
+    tmp_path: Path, at_epoch_start, monkeypatch, capsys
+) -> None:
+    """Issue 55: SIGTERM (kill, a batch system's time limit) ended training within a second with
+    no message; it now stops it as Ctrl-C does, with the shell's status for SIGTERM (143)."""
+    run_dir = tmp_path / "run"
+    previous = signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+    def terminate(trainer) -> None:
+        # attnconv handles SIGTERM while it runs: sent without its handler, it would end pytest
+        assert signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, signal.SIG_IGN)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    try:
+        at_epoch_start(1, terminate)
+        code = cli.main(["train", "--out", str(run_dir), *QUICK])
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # put back as it was
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert code == 143
+    last = run_dir / "checkpoints" / "last.pt"
+    assert one_line_error(capsys.readouterr().err) == (
+        f"attnconv train: stopped by SIGTERM; the last checkpoint is {last} (step 20): continue "
+        f"with: attnconv train --resume {run_dir}\n"
+    )
+    assert temporaries(run_dir) == []
+    monkeypatch.undo()
+    assert cli.main(["train", "--resume", str(run_dir)]) == 0
+    assert load_checkpoint(last)["epoch"] == 2
+
+
 def negative_epoch(checkpoint: dict) -> None:
     checkpoint["epoch"] = -1
 

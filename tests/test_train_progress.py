@@ -155,7 +155,8 @@ def test_a_negative_log_interval_is_one_line(tmp_path, capsys) -> None:
     argv = ["train", "--preset", "quick", "--out", str(tmp_path / "run"), "--log-interval", "-1"]
     assert main(argv) == 2
     assert capsys.readouterr().err == (
-        "attnconv train: error: log_interval must be >= 0 steps (0: no step lines), got -1\n"
+        "attnconv train: error: argument --log-interval: expected an integer in [0, 10**9], got "
+        "'-1' (see attnconv train --help)\n"
     )
 
 

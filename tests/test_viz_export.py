@@ -356,11 +356,11 @@ def test_explore_pretrained_one_model_and_errors(shipped, tmp_path, capsys):
     manifest = read_data(site / "data.js")
     assert [m["name"] for m in manifest["models"]] == ["quadratic-fashion"]
     capsys.readouterr()
-    assert main([*argv, "--pretrained", "resnet-fashion"]) == 2
+    assert main([*argv, "--pretrained", "resnet-fashion", "--overwrite"]) == 2
     assert "no attention layers; nothing to explore" in capsys.readouterr().err
-    assert main([*argv, "--pretrained", "nonesuch"]) == 2
+    assert main([*argv, "--pretrained", "nonesuch", "--overwrite"]) == 2
     assert "no pretrained weights for 'nonesuch'" in capsys.readouterr().err
-    assert main(argv) == 2
+    assert main([*argv, "--overwrite"]) == 2
     assert "give a checkpoint or --pretrained" in capsys.readouterr().err
 
 

@@ -371,7 +371,9 @@ def test_shipped_models_on_one_page(browser, shipped_site):
     assert probability == pytest.approx(
         float(per_image[3][0, 1, 13 * 14, key[0] * 14 + key[1]]), rel=3e-3
     )
-    page.locator("#softmax").focus()  # the keyboard, not the mouse: the pointer stays on the map
+    # the keyboard, not the mouse, and no scroll (the page is taller than the window): the
+    # pointer stays on the map
+    page.evaluate("document.getElementById('softmax').focus({preventScroll: true})")
     page.keyboard.press("Space")
     page.wait_for_function("!window.attnconv.state.softmax")
     logits = displayed(page)

@@ -138,7 +138,7 @@ def test_plot_errors(tmp_path, capsys):
     assert "does not exist" in capsys.readouterr().err
     model, config = small_model("quadratic")
     path = save_checkpoint(tmp_path / "m.pt", model, "quadratic", config)
-    assert main(["plot", str(path), "--out", str(tmp_path), "--query", "9", "0"]) == 2
+    assert main(["plot", str(path), "--out", str(tmp_path / "figures"), "--query", "9", "0"]) == 2
     assert "outside the 8x8 token grid" in capsys.readouterr().err
 
 
@@ -234,7 +234,7 @@ def test_plot_of_a_transformed_run(tmp_path, capsys):
     assert "stages.3.1.conv2" in printed and "tap score" in printed
     assert "averaged over the first 5 test images of digits" in printed
     capsys.readouterr()
-    assert main(["plot", str(run), "--out", str(out), "--window", "2"]) == 2
+    assert main(["plot", str(run), "--out", str(out), "--window", "2", "--overwrite"]) == 2
     err = capsys.readouterr().err
     assert "--window: for the maps of attention models" in err and err.count("\n") == 1
 

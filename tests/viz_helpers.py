@@ -95,6 +95,7 @@ def transformed_checkpoint(
     ``0.1·h`` (so trained-looking values that a test can predict); else as transformed (heads on
     the taps, gates shut)."""
     from attnconv.convert import transform_checkpoint
+    from attnconv.models.presets import TCNN_FIRST_FORM
 
     torch.manual_seed(0)
     arguments = {**TRANSFORMED_BASE, "image_size": image_size}
@@ -102,7 +103,9 @@ def transformed_checkpoint(
     cnn = create_model("resnet-fashion-small", **arguments)
     base = {"preset": "resnet-fashion-small", "dataset": dataset, "architecture": architecture,
             "arguments": arguments, "model": cnn.state_dict()}  # fmt: skip
-    checkpoint = transform_checkpoint(base, spread=3.0, preset="tcnn-fashion-small")
+    checkpoint = transform_checkpoint(
+        base, spread=3.0, preset="tcnn-fashion-small", **TCNN_FIRST_FORM
+    )  # the preset's start
     if moved:
         model = models_checkpoint.build_model(checkpoint)
         with torch.no_grad():

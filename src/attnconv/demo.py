@@ -67,7 +67,7 @@ def run_demo(out_dir: str | Path, epochs: int = EPOCHS, progress: bool = True) -
 def _run_demo(out: Path, epochs: int, progress: bool) -> dict[str, Any]:
     """``run_demo`` on the threads it was given."""
     from attnconv.convert.check import format_battery, run_battery
-    from attnconv.runs import RunDir, write_json
+    from attnconv.runs import RunDir, write_json, write_text_atomic
     from attnconv.train.config import resolve_config
     from attnconv.train.loop import train
     from attnconv.viz.figures import attention_figure, plot_checkpoint
@@ -83,7 +83,7 @@ def _run_demo(out: Path, epochs: int, progress: bool) -> dict[str, Any]:
 
     tqdm.write("1/4  Theorem 1: convolutions rebuilt as multi-head self-attention")
     results = run_battery()
-    (out / "theorem1.txt").write_text(format_battery(results) + "\n")
+    write_text_atomic(out / "theorem1.txt", format_battery(results) + "\n")
     passed = sum(r.passed for r in results)
     worst = {
         str(dtype).removeprefix("torch."): max(

@@ -6,7 +6,10 @@
     DIR/results.md           the paper's Table 1 for this data, one row per model (test accuracy
                              as mean ± standard deviation over the seeds, parameters,
                              multiply-adds, training time, images/s) with each layer's grid score
-                             and mean attention distance (means over the seeds)
+                             and mean attention distance (means over the seeds); then every
+                             model's run against the size-matched CNN's run of the same seed on
+                             the same test images (McNemar's exact test, ``attnconv.analysis.
+                             paired``), each row saying where the two budgets differ
     DIR/results.csv          the same, one row per run (model and seed)
     DIR/figures/PRESET/seed-S/
                              the paper's figures of each run: mass contours per layer, layer ×
@@ -16,11 +19,13 @@
                              every attention model's distance per head and layer side by side
                              (the ViT paper's Figure 7 view, on one scale; the first seed's runs)
 
-New runs train each model with the recipe its shipped weights came from (``recipe="shipped"``:
-the command their index entry records, read back by ``attnconv.train.config.shipped_recipe``,
-settings and re-plans alike: ``learned-content-fashion`` shipped from an 18-epoch plan stopped
-after epoch 1 and resumed to 22 epochs, and is trained so again), or with its preset as it stands
-(``recipe="presets"``: the paper code's start, the epochs of the presets' budget). ``--export-weights`` then writes the best checkpoint of
+New runs train each model with its preset as it stands (``recipe="presets"``, the default:
+every model for the same number of epochs, [the equal-budget
+table][attention-against-convolution-at-equal-budgets]), or with the recipe its shipped weights came from (``recipe="shipped"``: the command their index entry
+records, read back by ``attnconv.train.config.shipped_recipe``, settings and re-plans alike:
+``learned-content-fashion`` first shipped from an 18-epoch plan stopped after epoch 1 and resumed
+to 22 epochs, and is trained so again); ``epochs`` sets every new run's length instead (the
+table's other column: ``--epochs 26``). ``--export-weights`` then writes the best checkpoint of
 each model's first-seed run into the package's shipped weights (``attnconv.models.pretrained``),
 with its test accuracy measured again in float32. ``--analyse-only`` trains nothing and makes the
 table of the finished runs in DIR, whatever seeds each model has (runs finished elsewhere, e.g.
@@ -30,7 +35,7 @@ resumed by hand on another machine, linked or copied in).
 from __future__ import annotations
 
 import csv
-import json
+import io
 import statistics
 import sys
 from collections.abc import Sequence
@@ -38,7 +43,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from attnconv.errors import UserError
-from attnconv.runs import RunDir
+from attnconv.runs import RunDir, read_json, write_text_atomic
 
 if TYPE_CHECKING:
     from attnconv.data import DataSplits
@@ -75,9 +80,32 @@ REFERENCES: dict[str, tuple[tuple[str, str, str], ...]] = {
         ("ResNet-18 (full width, 11M parameters)", "94.9%", "the dataset's benchmark table"),
     ),
 }
-RECIPES = ("shipped", "presets")
+RECIPES = ("presets", "shipped")
+# The size-matched CNN every model of an experiment is compared with, run by run.
+BASELINES: dict[str, str] = {
+    "fashion-mnist": "resnet-fashion-small",
+    "fashion-mnist-anywhere": "resnet-anywhere-small",
+}
 # Test images over which the attention of models with content scores is averaged.
 AVERAGE_IMAGES = 64
+# The fields of a finished run's summary.json and config.json the table reads, and their types
+# (``attnconv.runs.read_json`` checks them; a run folder copied in from elsewhere may hold anything)
+SUMMARY_FIELDS: dict[str, type | tuple[type, ...]] = {
+    "preset": str,
+    "epochs": int,
+    "test_acc": float,
+    "parameters": int,
+    "macs_per_image": float,
+    "train_time_s": float,
+    "images_per_s": float,
+}
+OPTIONAL_SUMMARY_FIELDS: dict[str, type | tuple[type, ...]] = {
+    "precision": (str, type(None)),
+    "machine": (str, type(None)),
+    "best_epoch": int,
+    "replans": list,
+}
+CONFIG_FIELDS: dict[str, type | tuple[type, ...]] = {"seed": int}
 RESULT_COLUMNS: tuple[str, ...] = (
     "preset",
     "seed",
@@ -126,7 +154,9 @@ def _refuse_unseeded_run(folder: Path) -> None:
     if run_state(folder) == "new":
         return
     config = RunDir(folder).config
-    seed = json.loads(config.read_text()).get("seed", 0) if config.is_file() else "S"
+    seed = "S"
+    if config.is_file():
+        seed = read_json(config, "the run's config", fields=CONFIG_FIELDS)["seed"]
     raise UserError(
         f"{folder} holds a run, where attnconv reproduce expects one folder per seed; move it "
         f"to {folder / f'seed-{seed}'} (its seed) and run again"
@@ -150,11 +180,12 @@ def run_plan(
     seed: int,
     precision: str | None = None,
     data_dir: str | None = None,
+    epochs: int | None = None,
 ) -> tuple[TrainConfig, list[tuple[int, int]]]:
     """The config of a new run of ``preset`` (of its first plan) and its plans ``(length,
     stop)`` (``attnconv.train.loop.train_in_plans``): the ``recipe``'s (see the module docstring;
-    the presets' in ``auto`` precision), with ``seed``, a checkpoint every epoch and
-    ``precision`` where given."""
+    the presets' in ``auto`` precision), with ``seed``, a checkpoint every epoch, and
+    ``precision`` and the run's length in ``epochs`` where given."""
     from attnconv.train.config import recorded_config, resolve_config, shipped_recipe
 
     if recipe not in RECIPES:
@@ -162,6 +193,8 @@ def run_plan(
     settings: dict[str, Any] = {"seed": seed, "checkpoint_every": 1, "data_dir": data_dir}
     if precision is not None:
         settings["precision"] = precision
+    if epochs is not None:
+        settings["epochs"] = epochs
     if recipe == "shipped":
         try:
             recorded = shipped_recipe(preset)
@@ -227,8 +260,7 @@ def analyse_run(run_dir: Path, figures: Path, data_dir: str | None) -> dict[str,
     from attnconv.viz.maps import compute_attention, is_position_only
 
     run = RunDir(run_dir)
-    summary = json.loads(run.summary.read_text())
-    config = json.loads(run.config.read_text())
+    summary, config = read_run(run)
     row: dict[str, Any] = {
         "preset": summary["preset"],
         "seed": config["seed"],
@@ -248,6 +280,8 @@ def analyse_run(run_dir: Path, figures: Path, data_dir: str | None) -> dict[str,
         "head_distances": None,
         "grid": None,
     }
+    if row["preset"] not in PRESETS:
+        raise UserError(f"{run.summary} names preset {row['preset']!r}, which attnconv has not")
     if PRESETS[row["preset"]].model == "transformed" or hasattr(
         MODELS[PRESETS[row["preset"]].model], "attention_layers"
     ):  # is its content attention alive? (on the whole test split: attnconv.analysis.content)
@@ -255,6 +289,11 @@ def analyse_run(run_dir: Path, figures: Path, data_dir: str | None) -> dict[str,
     if not hasattr(MODELS[PRESETS[row["preset"]].model], "attention_layers"):
         return row
     model, checkpoint = load_model(run.best)
+    if checkpoint["preset"] != row["preset"] or not hasattr(model, "attention_layers"):
+        raise UserError(
+            f"{run.best} holds a {type(model).__name__} of preset {checkpoint['preset']!r}, but "
+            f"the run's summary.json says preset {row['preset']!r}: not this run's checkpoint"
+        )
     images = labels = None
     if not is_position_only(model):
         images, labels = test_images(checkpoint["dataset"], AVERAGE_IMAGES, data_dir)
@@ -266,6 +305,19 @@ def analyse_run(run_dir: Path, figures: Path, data_dir: str | None) -> dict[str,
     initial_maps = compute_attention(initial, tuple(initial.image_size), images)
     row["grid_score_init"] = [score.score for score in layer_grid_scores(initial_maps)]
     return row
+
+
+def read_run(run: RunDir) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A finished run's ``summary.json`` and ``config.json``, read by the bounded reader with the
+    fields the table uses checked (``SUMMARY_FIELDS``, ``CONFIG_FIELDS``): FileFormatError (one
+    line naming the file) for one that is not UTF-8 JSON, not an object, or has a field of
+    another type."""
+    from attnconv.runs import check_fields
+
+    summary = read_json(run.summary, "the run's summary", fields=SUMMARY_FIELDS)
+    check_fields(summary, OPTIONAL_SUMMARY_FIELDS, f"the run's summary {run.summary}", True)
+    config = read_json(run.config, "the run's config", fields=CONFIG_FIELDS)
+    return summary, config
 
 
 def write_distance_comparison(rows: list[dict[str, Any]], figures: Path) -> list[Path]:
@@ -422,21 +474,49 @@ def write_results(
     """``results.md`` (one row per model, the ``references`` below the table) and ``results.csv``
     (one row per run, per-layer values joined by spaces) in ``out``."""
     markdown = out / "results.md"
-    markdown.write_text(format_results(rows, references))
+    write_text_atomic(markdown, format_results(rows, references))
     table = out / "results.csv"
-    with table.open("w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(RESULT_COLUMNS))
-        writer.writeheader()
-        for row in rows:
-            writer.writerow(
-                {
-                    key: " ".join(f"{v:.4f}" for v in row[key])
-                    if isinstance(row[key], list)
-                    else row[key]
-                    for key in RESULT_COLUMNS
-                }
-            )
+    handle = io.StringIO(newline="")
+    writer = csv.DictWriter(handle, fieldnames=list(RESULT_COLUMNS))
+    writer.writeheader()
+    for row in rows:
+        writer.writerow(
+            {
+                key: " ".join(f"{v:.4f}" for v in row[key])
+                if isinstance(row[key], list)
+                else row[key]
+                for key in RESULT_COLUMNS
+            }
+        )
+    write_text_atomic(table, handle.getvalue())
     return [markdown, table]
+
+
+def write_against_baseline(
+    experiment: str, out: Path, rows: list[dict[str, Any]], data_dir: str | None
+) -> None:
+    """Append to ``out/results.md`` every model's run against the experiment's size-matched CNN
+    (``BASELINES``) run of the same seed, on the test split (McNemar's exact test; nothing when
+    the CNN has no run of a seed among ``rows``)."""
+    from attnconv.analysis.paired import PairedRun, against_baseline, format_against_baseline
+
+    if not any(row["preset"] == BASELINES[experiment] for row in rows):
+        return
+    runs = [
+        PairedRun(row["preset"], row["seed"], row["epochs"],
+                  str(RunDir(run_folder(out, row["preset"], row["seed"])).best))
+        for row in rows
+    ]  # fmt: skip
+    pairs = against_baseline(runs, BASELINES[experiment], data_dir)
+    if not pairs:
+        return
+    text = (
+        f"\nAgainst `{BASELINES[experiment]}` (the size-matched CNN) on the same 10,000 test "
+        f"images, run by run (the checkpoints chosen on validation; McNemar's exact test on the "
+        f"images only one of the two gets right):\n\n{format_against_baseline(pairs)}"
+    )
+    markdown = out / "results.md"
+    write_text_atomic(markdown, markdown.read_text(encoding="utf-8") + text)
 
 
 def export_run(run_dir: Path, data: DataSplits, folder: Path) -> float:
@@ -458,7 +538,7 @@ def export_run(run_dir: Path, data: DataSplits, folder: Path) -> float:
     preset = PRESETS[checkpoint["preset"]]
     loader = BatchLoader(data.test, 500, device="cpu", train=False, flip=False)
     _, correct, seen = evaluation_sums(model, loader, "fp32")
-    summary = json.loads(run.summary.read_text())
+    summary, _ = read_run(run)
     config = load_config(run.config)
     # runs finished before attnconv recorded them lack replans and machine
     machine = {"machine": summary["machine"]} if "machine" in summary else {}
@@ -531,16 +611,18 @@ def run_experiment(
     data_dir: str | None = None,
     export_weights: str | Path | None = None,
     seeds: Sequence[int] | None = None,
-    recipe: str = "shipped",
+    recipe: str = "presets",
     analyse_only: bool = False,
+    epochs: int | None = None,
 ) -> list[Path]:
     """Train (or resume, or skip) every selected model of ``experiment`` once per seed into
     ``out``, analyse the runs and write the results table; returns the files of the table and of
     the distance comparison figure.
 
-    ``seeds``: the runs of each model (``None``: seed 0). ``recipe``: ``"shipped"`` trains new
-    runs as the shipped weights were trained, ``"presets"`` the presets as they stand (module
-    docstring); ``precision`` (``None``: the recipe's) applies to new runs. ``analyse_only``
+    ``seeds``: the runs of each model (``None``: seed 0). ``recipe``: ``"presets"`` trains new
+    runs as the presets stand (every model the same epochs), ``"shipped"`` as the shipped weights
+    were trained (module docstring); ``precision`` (``None``: the recipe's) and ``epochs``
+    (``None``: the recipe's) apply to new runs. ``analyse_only``
     trains nothing: the table is made of the finished runs in ``out``, of ``seeds`` or (``None``)
     of every seed folder of each model, so models may have different seeds; the runs left out
     are named. ``export_weights``: a folder to ship the best checkpoint of each model's first
@@ -561,7 +643,9 @@ def run_experiment(
     else:
         runs = [(preset, seed) for preset in presets for seed in seeds or [0]]
         # every run's config is resolved, so checked, before the first one trains for hours
-        configs = [run_plan(experiment, p, recipe, s, precision, data_dir) for p, s in runs]
+        configs = [
+            run_plan(experiment, p, recipe, s, precision, data_dir, epochs) for p, s in runs
+        ]
         out.mkdir(parents=True, exist_ok=True)
         for (preset, seed), (config, plans) in zip(runs, configs, strict=True):
             train_run(run_folder(out, preset, seed), config, plans)
@@ -570,6 +654,7 @@ def run_experiment(
         for preset, seed in runs
     ]
     files = write_results(rows, out, REFERENCES.get(experiment, ()))
+    write_against_baseline(experiment, out, rows, data_dir)
     first_runs: dict[str, int] = {}  # each model's first run's seed
     for preset, seed in runs:
         first_runs.setdefault(preset, seed)
@@ -579,10 +664,14 @@ def run_experiment(
     print((out / "results.md").read_text())
     if export_weights is not None:
         from attnconv.data import load_splits
+        from attnconv.data.corruptions import nonstandard_test_set
         from attnconv.models.pretrained import WEIGHTS_DIR
 
         folder = Path(export_weights) if export_weights else WEIGHTS_DIR
         data = load_splits(experiment, data_dir)  # once for every model
+        unlike = nonstandard_test_set(experiment, data.test)
+        if unlike:  # the index states a test accuracy: it must be the standard test set's
+            raise UserError(f"--export-weights: the {experiment} data in use is {unlike}")
         for preset, seed in first_runs.items():
             accuracy = export_run(run_folder(out, preset, seed), data, folder)
             print(f"{preset}: shipped (seed {seed}), float32 test accuracy {accuracy:.4f}")

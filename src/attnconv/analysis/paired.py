@@ -240,7 +240,7 @@ def against_baseline(
 
 
 def format_against_baseline(pairs: list[tuple[PairedRun, PairedRun, PairedComparison]]) -> str:
-    """The pairs of :func:`against_baseline` as a Markdown table, one row per run: epochs of
+    """The pairs of ``against_baseline`` as a Markdown table, one row per run: epochs of
     both (one number when equal: the comparison is at one budget), both accuracies, the gap in
     points, the images only one of the two gets right, McNemar's exact p."""
     lines = [

@@ -300,12 +300,14 @@ class TransformedConv2d(nn.Module):
         """Rescale mimetic queries and keys (``set_mimetic``) so that the content logits of
         ``x (B, in, H, W)`` (real inputs of this layer) have standard deviation ``logit_std`` over
         each query's keys, averaged over queries, maps and images; returns the gain applied
-        (logits scale with its square)."""
+        (logits scale with its square; 1 on a grid of one pixel, whose map is that pixel)."""
         if self.query is None or self.qk_init != "mimetic":
             raise ValueError("calibrate_mimetic needs a layer with qk_init='mimetic'")
         if not (math.isfinite(logit_std) and logit_std > 0):
             raise ValueError(f"logit_std must be a positive finite number, got {logit_std!r}")
         logits = self._content_logits(x)
+        if logits.shape[-1] == 1:  # one key: the map is that key whatever the logits
+            return 1.0
         measured = float(logits.double().std(dim=-1).mean())
         if not (math.isfinite(measured) and measured > 0):
             raise ValueError("the inputs give constant content logits: nothing to calibrate")
@@ -605,7 +607,7 @@ class TransformedConv2d(nn.Module):
         gated content attention.
 
         The positional part takes one of two exact routes (``_separable_pays`` picks). One
-        convolution with :meth:`positional_kernel`; or, where the blur widens the heads' kernels
+        convolution with ``positional_kernel``; or, where the blur widens the heads' kernels
         (spread 3 gives a 3×3 convolution's heads 5×5 kernels) and the layer is wide, each head
         first blurs the input with its separable kernel (a row then a column matrix product,
         cheap) and one matrix product over channels and heads projects the result: the

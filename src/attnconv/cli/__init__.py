@@ -6,11 +6,15 @@ which defines
 * ``add_arguments(parser: argparse.ArgumentParser) -> None``;
 * ``run(args: argparse.Namespace) -> int``: the exit status.
 
+Every option's value is checked as the command line is read (``attnconv.cli.options``: one type
+per kind of value, and the one output rule); a bad one is one line, exit status 2.
+
 Errors: a ``UserError`` (bad argument, config value or file, busy or unwritable run folder), a
 missing file and an OSError (permissions, read-only or full disk) print one line naming the problem
 (exit status 2); anything else, a plain ValueError or TypeError included, is a bug and keeps its
 traceback. Ctrl-C prints one line, with what the command saved and how to go on where it says
-(``train``: the resume command), and exits with status 130 (128 + SIGINT), as shells do.
+(``train``: the resume command), and exits with status 130 (128 + SIGINT), as shells do; SIGTERM
+(``kill``, a batch system's time limit) stops the command the same way, with status 143.
 
 Only the chosen subcommand's module is imported, so ``attnconv --help`` and ``--version`` do not
 import torch; a command module keeps its heavy imports (matplotlib, TensorBoard, ...) inside ``run``.
@@ -22,10 +26,14 @@ import argparse
 import importlib
 import os
 import platform
+import signal
 import sys
+import threading
 from importlib import metadata
 
 from attnconv import __version__
+from attnconv.cli.options import Parser, printable, safe_streams
+from attnconv.cli.options import UsageError as UsageError  # re-exported: the commands raise it
 from attnconv.errors import UserError
 from attnconv.runs import os_error_reason
 
@@ -87,8 +95,13 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
-class UsageError(UserError):
-    """A user mistake on the command line; printed as one line, exit status 2."""
+class Terminated(KeyboardInterrupt):
+    """SIGTERM arrived: raised where the command runs, so that it stops as Ctrl-C stops it (what
+    it saved, how to go on)."""
+
+
+def _terminate(signum: int, frame: object) -> None:
+    raise Terminated()
 
 
 def _version() -> str:
@@ -101,12 +114,14 @@ def _version() -> str:
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The parser, with the arguments of ``command`` only (the one module imported)."""
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="attnconv",
         description="Self-attention as convolution (Cordonnier et al., ICLR 2020).",
     )
     parser.add_argument("--version", action="version", version=_version())
-    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    subparsers = parser.add_subparsers(
+        dest="command", metavar="COMMAND", required=True, parser_class=Parser
+    )
     for name, (module_name, summary) in COMMANDS.items():
         sub = subparsers.add_parser(name, help=summary, description=summary)
         if name == command:
@@ -118,9 +133,22 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    safe_streams()
     # the top-level options take no value: the first other word names the command
     parser = build_parser(next((word for word in argv if not word.startswith("-")), None))
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exit:  # --help and --version end here; a bad value printed its line
+        if exit.code in (0, None):
+            raise
+        return int(exit.code) if isinstance(exit.code, int) else 2
+    # SIGTERM stops the command as Ctrl-C does (unless someone else handles it)
+    terminable = (
+        threading.current_thread() is threading.main_thread()
+        and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+    )
+    if terminable:
+        signal.signal(signal.SIGTERM, _terminate)
     try:
         return int(args._module.run(args) or 0)
     except (UserError, FileNotFoundError) as err:
@@ -130,11 +158,16 @@ def main(argv: list[str] | None = None) -> int:
         return 141  # 128 + SIGPIPE, what a shell reports for a command the signal ended
     except OSError as err:  # permissions, read-only or full disks, ...: name the file
         message = f"{err.filename}: {os_error_reason(err)}" if err.filename else str(err)
-    except KeyboardInterrupt as err:  # Ctrl-C: what was saved, if the command says (train)
-        advice = f"; {err}" if str(err) else ""
-        print(f"attnconv {args.command}: interrupted{advice}", file=sys.stderr)
-        return 130
-    print(f"attnconv {args.command}: error: {message}", file=sys.stderr)
+    except KeyboardInterrupt as err:  # Ctrl-C, SIGTERM: what was saved, if the command says
+        advice = f"; {printable(str(err))}" if str(err) else ""
+        terminated = isinstance(err, Terminated) or isinstance(err.__cause__, Terminated)
+        what = "stopped by SIGTERM" if terminated else "interrupted"
+        print(f"attnconv {args.command}: {what}{advice}", file=sys.stderr)
+        return 143 if terminated else 130
+    finally:
+        if terminable:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    print(f"attnconv {args.command}: error: {printable(message)}", file=sys.stderr)
     return 2
 
 

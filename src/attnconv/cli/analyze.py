@@ -13,6 +13,14 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from attnconv.cli.options import (
+    DataFolder,
+    InputFile,
+    Name,
+    OutputFolder,
+    add_overwrite,
+    int_in,
+)
 from attnconv.errors import UserError
 
 LIBRARIES = ("timm:", "torchvision:")
@@ -25,6 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "model",
         nargs="?",
         metavar="MODEL",
+        type=Name("a model: timm:NAME, torchvision:NAME, a preset, a checkpoint or run folder"),
         help="timm:NAME or torchvision:NAME (with --pretrained, --weights or --random), a preset "
         "name (its random initialisation), a checkpoint file or a run folder",
     )
@@ -33,14 +42,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         nargs="?",
         const=True,
         metavar="NAME",
+        type=Name("a shipped model, or timm:NAME or torchvision:NAME"),
         help="NAME: a model shipped with attnconv; after timm:NAME or torchvision:NAME (no NAME "
         "here): that library's own pretrained weights, read from its cache (the Hugging Face hub "
         "cache, TORCH_HOME) or downloaded into it where the network allows",
     )
-    parser.add_argument("--out", required=True, help="folder for the tables and figures")
+    parser.add_argument("--out", required=True, type=OutputFolder(),
+                        help="folder for the tables and figures")
+    add_overwrite(parser, "an analysis")
     parser.add_argument(
         "--weights",
         metavar="FILE",
+        type=InputFile("a weights file"),
         help="timm/torchvision: a local .safetensors or torch state-dict file (nothing is "
         "downloaded)",
     )
@@ -51,32 +64,33 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--image-size",
-        type=int,
+        type=int_in(1, 4096),
         metavar="N",
         help="timm/torchvision: build the model for NxN inputs (default: its own input size)",
     )
     parser.add_argument(
         "--images",
         metavar="DIR|DATASET",
+        type=Name("a folder of images or a dataset name"),
         help="a folder of image files or a dataset name (its test split), scaled to the model's "
         "input (default: the test images shipped with attnconv; for a checkpoint its dataset)",
     )
     parser.add_argument(
         "--num-images",
-        type=int,
+        type=int_in(1, 10**5),
         default=NUM_IMAGES,
         help=f"images to average over (default: {NUM_IMAGES})",
     )
     parser.add_argument(
         "--explore-images",
-        type=int,
+        type=int_in(0, 10**3),
         default=EXPLORE_IMAGES,
         help=f"images on the explorer page written to OUT/explorer (default: {EXPLORE_IMAGES}; "
         "0: no page)",
     )
     parser.add_argument(
         "--query",
-        type=int,
+        type=int_in(0, 65535),
         nargs=2,
         metavar=("ROW", "COL"),
         help="query patch of the maps and contours (default: the centre of the grid); for a "
@@ -84,12 +98,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--window",
-        type=int,
+        type=int_in(0, 65535),
         metavar="W",
         help="zoom the maps to the patches within W rows and columns of the query (a "
         "(2W+1)x(2W+1) square, clipped at the border; default: all)",
     )
-    parser.add_argument("--data-dir", help="dataset folder (default: attnconv's data folder)")
+    parser.add_argument("--data-dir", type=DataFolder(),
+                        help="dataset folder (default: attnconv's data folder)")
 
 
 def say(message: str) -> None:
@@ -109,8 +124,6 @@ def _third_party(args: argparse.Namespace):
         )
     if args.data_dir is not None and args.images is None:
         raise UserError("--data-dir is for --images DATASET; the shipped test images need none")
-    if args.image_size is not None and args.image_size < 1:
-        raise UserError(f"--image-size must be positive, got {args.image_size}")
     if pretrained:
         weights = "its library's pretrained weights (from the cache, else downloaded)"
     else:
@@ -203,6 +216,8 @@ def _attnconv(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
+    from attnconv.cli.options import claim_output
+
     named = isinstance(args.pretrained, str)
     if args.model is None and named and args.pretrained.startswith(LIBRARIES):
         args.model, args.pretrained = args.pretrained, True  # --pretrained timm:NAME
@@ -216,12 +231,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("give MODEL or --pretrained NAME (one of them)")
     if library and isinstance(args.pretrained, str):
         raise UserError("give MODEL or --pretrained NAME (one of them)")
-    if args.num_images < 1:
-        raise UserError(f"--num-images must be at least 1, got {args.num_images}")
-    if args.explore_images < 0:
-        raise UserError(f"--explore-images must be >= 0, got {args.explore_images}")
-    if args.window is not None and args.window < 0:
-        raise UserError(f"--window must be a non-negative number of patches, got {args.window}")
+    claim_output(args.out, args.overwrite)
     if args.query is not None:
         args.query = tuple(args.query)
     analysis = _third_party(args) if library else _attnconv(args)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from attnconv.cli import UsageError
+from attnconv.cli.options import float_in, seed
 
 DEFAULT_THRESHOLD = 1e-6
 
@@ -26,12 +27,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--threshold",
-        type=float,
+        type=float_in(0, 1, low_open=True, high_open=True),
         help=f"--sweep only: target relative error (default {DEFAULT_THRESHOLD:g}); --check "
         "compares with fixed per-dtype tolerances",
     )
     parser.add_argument(
-        "--seed", type=int, default=0, help="seed of the random weights and inputs, in [0, 2**63)"
+        "--seed", type=seed(), default=0,
+        help="seed of the random weights and inputs, in [0, 2**63)",
     )
 
 

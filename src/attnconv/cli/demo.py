@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import argparse
 
+from attnconv.cli.options import OutputFolder, int_in
 from attnconv.demo import EPOCHS
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--out", help="folder for everything it writes "
-                        "(default attnconv-demo-DATE-TIME)")
-    parser.add_argument("--epochs", type=int, default=EPOCHS,
+    parser.add_argument("--out", type=OutputFolder(), help="folder for everything it writes "
+                        "(default attnconv-demo-DATE-TIME; one that holds a demo is refused)")
+    parser.add_argument("--epochs", type=int_in(1, 10**4), default=EPOCHS,
                         help=f"training epochs (default {EPOCHS})")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
 

@@ -8,6 +8,15 @@ from __future__ import annotations
 
 import argparse
 
+from attnconv.cli.options import (
+    CheckpointSource,
+    DataFolder,
+    InputFolder,
+    Name,
+    OutputFolder,
+    add_overwrite,
+    int_in,
+)
 from attnconv.errors import UserError
 
 IMAGES = 4  # test images in the site, unless --images says otherwise
@@ -17,11 +26,13 @@ MAX_PORT = 65535  # TCP port numbers are 16-bit
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "checkpoint", nargs="?", help="a checkpoint file, or a run folder (its last.pt)"
+        "checkpoint", nargs="?", type=CheckpointSource(),
+        help="a checkpoint file, or a run folder (its last.pt)",
     )
     parser.add_argument(
         "--pretrained",
         metavar="NAME",
+        type=Name("a shipped model or all"),
         help="instead of a checkpoint, a model shipped with attnconv, or 'all' for every shipped "
         "model with attention on one page (offline: the shipped test images are used)",
     )
@@ -30,23 +41,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="DIR",
+        type=InputFolder("an analyze folder or explorer site"),
         help="also show the model of an `attnconv analyze` output folder (or of any explorer "
         "site); repeatable",
     )
-    parser.add_argument("--out", required=True, help="folder for the site (open its index.html)")
+    parser.add_argument("--out", required=True, type=OutputFolder(),
+                        help="folder for the site (open its index.html)")
+    add_overwrite(parser, "a site")
     parser.add_argument(
         "--images",
-        type=int,
+        type=int_in(1, 10**4),
         help=f"how many test images to include (default: {IMAGES}); content models also show "
         "the attention averaged over all shipped test images (--pretrained) or over these. Not "
         "for a checkpoint of a position-only model, whose attention is the same for every image",
     )
     parser.add_argument(
         "--data-dir",
+        type=DataFolder(),
         help="dataset folder for the test images of a checkpoint of a model with content scores",
     )
     parser.add_argument(
         "--weights-dir",
+        type=InputFolder("a folder of shipped weights"),
         help="advanced, with --pretrained: folder of shipped weights and test images (default: "
         "the package's)",
     )
@@ -57,7 +73,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--port",
-        type=int,
+        type=int_in(0, MAX_PORT),
         help=f"port for --serve (default: {PORT}; 0 picks a free one)",
     )
 
@@ -186,6 +202,7 @@ def site_title(args: argparse.Namespace, entries: list, added: list) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from attnconv.cli.options import claim_output
     from attnconv.viz.export import make_server, site_size, write_explorer
 
     if args.checkpoint is not None and args.pretrained is not None:
@@ -207,8 +224,6 @@ def run(args: argparse.Namespace) -> int:
                 f"{', '.join(given)}: for a checkpoint or --pretrained; the models of --add "
                 f"come with their own images"
             )
-    if args.images is not None and args.images < 1:
-        raise UserError(f"--images must be at least 1, got {args.images}")
     if args.pretrained is not None and args.data_dir is not None:
         raise UserError("--data-dir is for a checkpoint's test images; --pretrained shows the "
                         "test images shipped with the weights")
@@ -216,8 +231,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("--weights-dir is for --pretrained; a checkpoint holds its own weights")
     if args.port is not None and not args.serve:
         raise UserError("--port is for --serve; without it the site is only written")
-    if args.port is not None and not 0 <= args.port <= MAX_PORT:
-        raise UserError(f"--port must be in [0, {MAX_PORT}] (0 picks a free one), got {args.port}")
+    claim_output(args.out, args.overwrite)
     if args.pretrained is not None:
         entries, skipped = pretrained_entries(args)
     elif args.checkpoint is not None:

@@ -12,6 +12,14 @@ import math
 import textwrap
 from typing import Any
 
+from attnconv.cli.options import (
+    CheckpointSource,
+    DataFolder,
+    float_in,
+    int_in,
+    positive,
+    shipped_model,
+)
 from attnconv.errors import UserError
 from attnconv.models.heads import MAX_CONDITION, MIN_SPREAD
 
@@ -22,31 +30,36 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "checkpoint",
         nargs="?",
+        type=CheckpointSource(),
         help="a checkpoint written by `attnconv train` or `attnconv transform`, or a run folder "
         "(its checkpoints/best.pt, the epoch chosen on validation)",
     )
-    parser.add_argument("--pretrained", metavar="NAME", help="a model shipped with attnconv")
+    parser.add_argument(
+        "--pretrained", metavar="NAME", help="a model shipped with attnconv",
+        type=shipped_model(),
+    )
     parser.add_argument(
         "--min-spread",
-        type=float,
+        type=positive(1e6),
         help=f"degenerate below this inverse std, 1/tokens (default: {MIN_SPREAD}; not for "
         "transformed networks)",
     )
     parser.add_argument(
         "--max-condition",
-        type=float,
+        type=float_in(1, 1e15),
         help=f"degenerate above this covariance condition number (default: {MAX_CONDITION:g}; "
         "not for transformed networks)",
     )
     parser.add_argument(
         "--images",
-        type=int,
+        type=int_in(0, 10**6),
         metavar="N",
         help="models with content attention: measure it on the first N test images of the "
         "model's dataset (default: all of them; 0: leave it out)",
     )
     parser.add_argument(
-        "--data-dir", help="dataset folder for those test images (default: attnconv's)"
+        "--data-dir", type=DataFolder(),
+        help="dataset folder for those test images (default: attnconv's)",
     )
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 from fnmatch import fnmatchcase
 
+from attnconv.cli.options import Name, int_in
 from attnconv.errors import UserError
 
 WILDCARDS = "*?["
@@ -17,6 +18,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "pattern",
         nargs="?",
         metavar="PATTERN",
+        type=Name("a shell pattern or a part of a preset name"),
         help="only the presets whose name matches: a shell pattern ('*-fashion', 'quadratic*') "
         "or, without wildcards, a part of the name ('content')",
     )
@@ -28,7 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--num-classes",
-        type=int,
+        type=int_in(1, MAX_CLASSES - 1),
         default=10,
         help="classifier outputs (default: 10; another count builds each model on the meta "
         "device to count it, a few seconds)",
@@ -58,8 +60,6 @@ def run(args: argparse.Namespace) -> int:
     from attnconv.models.presets import PRESETS
     from attnconv.models.pretrained import pretrained_models
 
-    if not 1 <= args.num_classes < MAX_CLASSES:
-        raise UserError(f"--num-classes must be an integer in [1, 2**31), got {args.num_classes}")
     shipped = set(pretrained_models())
     names = [
         name

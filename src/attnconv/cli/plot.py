@@ -6,23 +6,35 @@ from __future__ import annotations
 
 import argparse
 
+from attnconv.cli.options import (
+    CheckpointSource,
+    DataFolder,
+    OutputFolder,
+    add_overwrite,
+    int_in,
+    shipped_model,
+)
+
 DEFAULT_IMAGES = 16  # test images a checkpoint's content model is averaged over
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "checkpoint", nargs="?", help="a checkpoint file, or a run folder (its last.pt)"
+        "checkpoint", nargs="?", type=CheckpointSource(),
+        help="a checkpoint file, or a run folder (its last.pt)",
     )
     parser.add_argument(
         "--pretrained",
         metavar="NAME",
+        type=shipped_model(),
         help="a model shipped with attnconv instead of a checkpoint (offline; content models "
         "use the shipped test images)",
     )
-    parser.add_argument("--out", required=True, help="folder for the figures")
+    parser.add_argument("--out", required=True, type=OutputFolder(), help="folder for the figures")
+    add_overwrite(parser, "figures")
     parser.add_argument(
         "--query",
-        type=int,
+        type=int_in(0, 65535),
         nargs=2,
         metavar=("ROW", "COL"),
         help="query token (default: the centre of the token grid); for a transformed network "
@@ -30,21 +42,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--window",
-        type=int,
+        type=int_in(0, 65535),
         metavar="W",
         help="zoom the maps to the tokens within W rows and columns of the query (a "
         "(2W+1)x(2W+1) square, clipped at the border; default: all)",
     )
     parser.add_argument(
         "--images",
-        type=int,
+        type=int_in(1, 10**6),
         help=f"models with content scores and transformed networks: average over this many test images (default: {DEFAULT_IMAGES}; "
         "with --pretrained the 8 shipped with the weights, and more are read from --data-dir or "
         "an installed copy of the dataset)",
     )
     parser.add_argument(
         "--image-index",
-        type=int,
+        type=int_in(0, 10**6),
         default=0,
         help="models with content scores: the test image of the single-image figures (default: 0)",
     )
@@ -56,20 +68,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "scale shared by all maps; either reaches at least 4/N (N tokens) so that near-uniform "
         "maps stay dark",
     )
-    parser.add_argument("--data-dir", help="dataset folder (default: attnconv's data folder)")
+    parser.add_argument("--data-dir", type=DataFolder(),
+                        help="dataset folder (default: attnconv's data folder)")
 
 
 def run(args: argparse.Namespace) -> int:
-    from attnconv.errors import UserError
+    from attnconv.cli.options import claim_output
     from attnconv.models.pretrained import checkpoint_or_pretrained
     from attnconv.viz.figures import plot_checkpoint, plot_pretrained
 
-    if args.images is not None and args.images < 1:
-        raise UserError(f"--images must be at least 1, got {args.images}")
-    if args.image_index < 0:
-        raise UserError(f"--image-index must be >= 0, got {args.image_index}")
-    if args.window is not None and args.window < 0:
-        raise UserError(f"--window must be a non-negative number of tokens, got {args.window}")
+    checkpoint_or_pretrained(args.checkpoint, args.pretrained)
+    claim_output(args.out, args.overwrite)
     options = {
         "query": None if args.query is None else tuple(args.query),
         "window": args.window,

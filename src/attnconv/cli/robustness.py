@@ -6,10 +6,21 @@ from __future__ import annotations
 
 import argparse
 import csv
+import io
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from attnconv.cli.options import (
+    CheckpointSource,
+    DataFolder,
+    Device,
+    OutputFile,
+    Registry,
+    add_overwrite,
+    int_in,
+    shipped_model,
+)
 from attnconv.errors import UserError
 
 if TYPE_CHECKING:
@@ -24,6 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "checkpoints",
         nargs="*",
         metavar="CHECKPOINT|RUN_DIR",
+        type=CheckpointSource(),
         help="checkpoints written by `attnconv train` on fashion-mnist or fashion-mnist-anywhere, "
         "or run folders (their checkpoints/best.pt)",
     )
@@ -32,6 +44,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         nargs="+",
         metavar="NAME",
         default=[],
+        type=shipped_model(("all",)),
         help="models shipped with attnconv; all: every shipped fashion-mnist and "
         "fashion-mnist-anywhere model",
     )
@@ -39,12 +52,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--corruptions",
         nargs="+",
         metavar="NAME",
+        type=Registry(
+            "corruption", "attnconv.data.corruptions:CORRUPTIONS",
+            message="unknown corruption {value} for --corruptions; expected some of {names}",
+        ),
         help="the corrupted sets to measure besides the clean one (default: all: shift-4 shift-8 "
         "shift-4-in-frame shift-8-in-frame noise-low noise-high blur contrast occlusion)",
     )
     parser.add_argument(
         "--images",
-        type=int,
+        type=int_in(1, TEST_SIZE),
         metavar="N",
         default=TEST_SIZE,
         help=f"the first N test images of each set (default: all {TEST_SIZE})",
@@ -52,12 +69,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--out",
         default="robustness.csv",
+        type=OutputFile("a CSV file to write"),
         help="the CSV file: one row per model, its dataset, accuracies in [0, 1] (default: "
         "robustness.csv)",
     )
-    parser.add_argument("--data-dir", help="where datasets live")
-    parser.add_argument("--batch-size", type=int, default=500, help="images per forward")
-    parser.add_argument("--device", default="auto", help="auto (CUDA if available), cpu or cuda")
+    add_overwrite(parser, "a CSV file")
+    parser.add_argument("--data-dir", type=DataFolder(), help="where datasets live")
+    parser.add_argument("--batch-size", type=int_in(1, 10**6), default=500,
+                        help="images per forward")
+    parser.add_argument("--device", type=Device(), default="auto",
+                        help="auto (CUDA if available), cpu, cuda or cuda:N")
 
 
 def _corruptions(names: list[str] | None) -> list[str]:
@@ -200,31 +221,31 @@ def write_csv(
     accuracy: dict[str, dict[str, float]], datasets: dict[str, str], images: int, path: Path
 ) -> None:
     """``path``: columns model, dataset (``datasets[model]``), images, each set's accuracy in
-    [0, 1], mean_corrupted and mean_minus_clean (6 decimals)."""
+    [0, 1], mean_corrupted and mean_minus_clean (6 decimals); written atomically (a full disk
+    leaves the file as it was, never a part of it)."""
+    from attnconv.runs import write_text_atomic
+
     sets = list(next(iter(accuracy.values())))
-    with path.open("w", newline="") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(["model", "dataset", "images", *sets, "mean_corrupted", "mean_minus_clean"])
-        for name, row in accuracy.items():
-            values = [row[s] for s in sets] + list(summary(row))
-            writer.writerow([name, datasets[name], images, *(f"{value:.6f}" for value in values)])
+    handle = io.StringIO(newline="")
+    writer = csv.writer(handle)
+    writer.writerow(["model", "dataset", "images", *sets, "mean_corrupted", "mean_minus_clean"])
+    for name, row in accuracy.items():
+        values = [row[s] for s in sets] + list(summary(row))
+        writer.writerow([name, datasets[name], images, *(f"{value:.6f}" for value in values)])
+    write_text_atomic(path, handle.getvalue())
 
 
 def run(args: argparse.Namespace) -> int:
+    from attnconv.cli.options import claim_output
     from attnconv.train.distributed import select_device
 
     if not args.checkpoints and not args.pretrained:
         raise UserError(
             "give one or more CHECKPOINTs or run folders, or --pretrained NAME ... / all"
         )
-    if not 1 <= args.images <= TEST_SIZE:
-        raise UserError(f"--images must be between 1 and {TEST_SIZE}, got {args.images}")
-    if args.batch_size < 1:
-        raise UserError(f"--batch-size must be >= 1, got {args.batch_size}")
     corruptions = _corruptions(args.corruptions)
-    out = Path(args.out)
-    if not out.parent.is_dir():  # said now, not after an hour of measuring
-        raise UserError(f"--out {out}: the folder {out.parent} does not exist")
+    # said now, not after an hour of measuring
+    out = claim_output(args.out, args.overwrite, option="--out", folder=False)
     device = select_device(args.device)
     models = _load_models(args, device)
     accuracy, ink = measure(

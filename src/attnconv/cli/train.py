@@ -15,8 +15,19 @@ import time
 from pathlib import Path
 from typing import Any
 
+from attnconv.cli.options import (
+    DataFolder,
+    Device,
+    InitSource,
+    KeyValue,
+    OutputFolder,
+    RunFolder,
+    dataset_name,
+    int_in,
+    preset_name,
+)
 from attnconv.hardware import PRECISIONS
-from attnconv.runs import RunDir
+from attnconv.runs import CHECKPOINTS, RunDir
 from attnconv.train.loop import LOG_INTERVAL
 
 RECIPES = ("preset", "shipped")
@@ -26,11 +37,12 @@ FLAG_FIELDS: tuple[str, ...] = ("data_dir", "epochs", "precision", "device", "in
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "overrides", nargs="*", metavar="KEY=VALUE",
+        "overrides", nargs="*", metavar="KEY=VALUE", type=KeyValue(),
         help="override any config value (lr=0.05, grad_clip=1, checkpoint_every=5, ...) or a "
         "model argument (model.hidden=128, model.dropout=0); an unknown key lists the valid ones",
     )
-    parser.add_argument("--preset", help="the model and recipe (see `attnconv models`)")
+    parser.add_argument("--preset", type=preset_name(),
+                        help="the model and recipe (see `attnconv models`)")
     parser.add_argument(
         "--recipe", choices=RECIPES, default="preset",
         help="preset (the default): the preset's recipe; shipped: the recipe the preset's "
@@ -39,14 +51,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "the same command with the same --out continues it if interrupted); flags and "
         "key=value overrides replace the recorded settings of the same keys",
     )
-    parser.add_argument("--dataset", help="cifar10, cifar100, fashion-mnist, digits or "
+    parser.add_argument("--dataset", type=dataset_name(),
+                        help="cifar10, cifar100, fashion-mnist, digits or "
                         "fashion-mnist-anywhere (default: the preset's, or with --init the "
                         "checkpoint's)")
-    parser.add_argument("--data-dir", help="where datasets live (default $ATTNCONV_DATA or "
+    parser.add_argument("--data-dir", type=DataFolder(), help="where datasets live (default $ATTNCONV_DATA or "
                         "~/.cache/attnconv); not for digits, which ship with scikit-learn")
-    parser.add_argument("--out", help="the run folder (default runs/PRESET-DATASET-TIME)")
+    parser.add_argument("--out", type=OutputFolder(),
+                        help="the run folder (default runs/PRESET-DATASET-TIME; one that holds "
+                        "a run is refused: continue it with --resume)")
     parser.add_argument(
-        "--epochs", type=int, metavar="N",
+        "--epochs", type=int_in(1, 10**6), metavar="N",
         help="training length (default: the preset's); with --resume, the run's new length in "
         "all, to train it on (a run of 6 epochs given --epochs 10 trains 4 more): the updates "
         "made keep their rates and the schedule of the rest is that of an N-epoch run (cosine: "
@@ -59,25 +74,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "slow)")
     parser.add_argument("--compile", action="store_true", help="torch.compile the model")
     parser.add_argument(
-        "--log-interval", type=int, metavar="N", default=LOG_INTERVAL,
+        "--log-interval", type=int_in(0, 10**9), metavar="N", default=LOG_INTERVAL,
         help="where stderr is not a terminal (nohup, tee, a log file, a notebook), print a line "
         "every N optimizer steps, the first after at most 5 s of training: loss, learning rate, "
         "images per second and the time left; 0: only the line per epoch; also with --resume "
         f"(default: {LOG_INTERVAL})",
     )
     parser.add_argument(
-        "--threads", type=int, metavar="N",
+        "--threads", type=int_in(1, 4096), metavar="N",
         help="threads torch computes with (default: as many as the cores other work leaves "
         "idle by the load average at the start, at most one per core; OMP_NUM_THREADS if set); "
         "the start line says which and why; also with --resume: give the run's N again to "
         "continue it bit for bit (the count changes float rounding)",
     )
-    parser.add_argument("--device", help="auto (CUDA if available), cpu, cuda or cuda:N")
-    parser.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR exactly "
+    parser.add_argument("--device", type=Device(),
+                        help="auto (CUDA if available), cpu, cuda or cuda:N")
+    parser.add_argument("--resume", metavar="RUN_DIR",
+                        type=RunFolder("a run folder to resume", f"{CHECKPOINTS}/last.pt"),
+                        help="continue the run in RUN_DIR exactly "
                         "where its last checkpoint left it, with the config saved in that "
                         "checkpoint; with --epochs N, train it on to epoch N")
     parser.add_argument(
-        "--init", metavar="CHECKPOINT",
+        "--init", metavar="CHECKPOINT", type=InitSource(),
         help="fine-tune this checkpoint, or pretrained:NAME for a shipped model, with a preset "
         "that fine-tunes (quadratic-generalized-pruned prunes its degenerate heads first; "
         "tcnn-fashion-small transforms a resnet-fashion-small as its preset says, or takes "
@@ -184,7 +202,9 @@ def _transformed_if_needed(init: dict[str, Any], preset_name: str, seed: int) ->
     if preset is None or preset.model != "transformed" or init["architecture"] == "transformed":
         return init
     kwargs = preset.model_kwargs
-    settings = {key: kwargs[key] for key in ("spread", "qk_dim", "content_heads") if key in kwargs}
+    keys = ("spread", "qk_dim", "content_heads", "gate", "opening", "qk_init",
+            "content_weight_decay")
+    settings = {key: kwargs[key] for key in keys if key in kwargs}
     if "content" in kwargs:  # True, False or names
         content = kwargs["content"]
         settings["content"] = content if isinstance(content, bool) else list(content)

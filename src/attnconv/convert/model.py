@@ -2,10 +2,13 @@
 
 Theorem 1 covers ``nn.Conv1d``/``nn.Conv2d`` as their own ``forward`` computes them. A layer is
 converted when it is called as any module is (no ``__call__`` override), its class runs that
-``forward`` (and ``_conv_forward``) unchanged and nothing replaces them on the instance, it has no
-forward or backward hooks and no hooks on its weight or bias, its weight is a plain parameter (not
-``torch.nn.utils.parametrize``d, not lazy) that no other tensor of the network shares, its
-``padding_mode`` is supported, and the network holds it only in its module tree (not also in a
+``forward`` (and ``_conv_forward``) unchanged and nothing replaces them on the instance or, for
+every convolution, on ``nn.Conv1d``/``nn.Conv2d`` themselves, it has no forward or backward hooks
+(nor does the process, ``register_module_forward_hook`` and the like) and no hooks on its weight
+or bias, its weight is a plain parameter (not ``torch.nn.utils.parametrize``d, not lazy) that no
+other tensor of the network shares, its ``padding_mode`` is supported and its padding is the one
+it was built with (torch keeps the pads of a padding mode other than zeros from construction), and
+the network holds it only in its module tree (not also in a
 list or attribute that ``forward`` could call). Any other convolution (``ConvTranspose*d`` and
 ``Conv3d`` included, and, seen through a probe input, modules that call ``torch.conv2d`` and the
 like themselves) is left in place with its reason ([`layers_left`][]), unless a *rule* for its
@@ -555,6 +558,13 @@ def _reason_left(module: nn.Module, has_rule: bool) -> str | None:
             return f"{method} set on the instance: not the convolution Theorem 1 covers"
     if module._forward_hooks or module._forward_pre_hooks:
         return "forward hooks registered on the layer (they could change its function)"
+    everywhere = [kind for kind, hooks in _global_module_hooks().items() if hooks]
+    if everywhere:
+        return (
+            f"process-wide module {' and '.join(everywhere)} hooks are registered "
+            f"(torch.nn.modules.module.register_module_*_hook): they see every convolution, and "
+            f"would see an attention module in its place"
+        )
     if module._backward_hooks or module._backward_pre_hooks:
         return "backward hooks registered on the layer (they change its gradients)"
     for kind, param in module._parameters.items():
@@ -562,6 +572,12 @@ def _reason_left(module: nn.Module, has_rule: bool) -> str | None:
             return f"hooks registered on its {kind} (they change its gradients)"
     if module.padding_mode not in SUPPORTED_PADDING_MODES:
         return f"padding_mode {module.padding_mode!r} not supported"
+    pads, stated = list(module._reversed_padding_repeated_twice), _padding_pairs(module)
+    if module.padding_mode != "zeros" and pads != stated:
+        return (
+            f"its {module.padding_mode} padding was changed after construction: its forward pads "
+            f"{pads} (as built), its padding attribute says {stated}"
+        )
     if has_rule:
         return None
     base = nn.Conv1d if isinstance(module, nn.Conv1d) else nn.Conv2d
@@ -573,7 +589,39 @@ def _reason_left(module: nn.Module, has_rule: bool) -> str | None:
             f"{cls.__name__} overrides {' and '.join(overridden)} of nn.{base.__name__}: not the "
             f"convolution Theorem 1 covers; pass rules={{{cls.__name__}: rule}} that reproduces it"
         )
+    for method in ("forward", "_conv_forward"):
+        function = getattr(base, method)
+        if getattr(function, "__module__", None) != "torch.nn.modules.conv":
+            return (
+                f"nn.{base.__name__}.{method} is {getattr(function, '__qualname__', function)!r} "
+                f"from {getattr(function, '__module__', '?')}, not torch's (replaced process-wide)"
+            )
     return None
+
+
+def _global_module_hooks() -> dict[str, dict]:
+    """torch's process-wide module hooks (``register_module_forward_hook`` and the like), by kind."""
+    from torch.nn.modules import module as registry
+
+    return {
+        "forward": {**registry._global_forward_hooks, **registry._global_forward_pre_hooks},
+        "backward": {**registry._global_backward_hooks, **registry._global_backward_pre_hooks},
+    }
+
+
+def _padding_pairs(conv: nn.Module) -> list[int]:
+    """The ``(left, right)`` pads per axis, last axis first, that ``conv.padding`` means now:
+    what torch's constructor stores as ``_reversed_padding_repeated_twice`` (which the forward of
+    a padding mode other than zeros uses)."""
+    if isinstance(conv.padding, str):
+        pairs = [0, 0] * len(conv.kernel_size)
+        if conv.padding == "same":
+            for axis, (d, k) in enumerate(zip(conv.dilation, conv.kernel_size, strict=True)):
+                total = d * (k - 1)
+                index = len(conv.kernel_size) - 1 - axis
+                pairs[2 * index], pairs[2 * index + 1] = total // 2, total - total // 2
+        return pairs
+    return [p for pad in reversed(conv.padding) for p in (pad, pad)]
 
 
 def _tensors(output: object) -> list[Tensor]:

@@ -252,12 +252,19 @@ class AttentionConv(nn.Module):
         self.register_load_state_dict_pre_hook(_fill_attention_keys)
 
     def __getstate__(self) -> dict:
-        """Pickle state: the attention layer without its parametrization (which torch does not
-        pickle), its output projection holding ``weight`` and ``bias`` themselves."""
-        state = self.__dict__.copy()
+        """Pickle (and deepcopy) state: the attention layer without its parametrization (which
+        torch does not pickle), its output projection a plain ``nn.Linear`` holding ``weight`` and
+        ``bias`` themselves. Built beside the live modules, which are left as they are (removing
+        the parametrization from a copy would strip ``weight`` from the class the original
+        shares), so a module pickles, deep-copies and converts any number of times."""
+        out = self.attention.out
+        plain = nn.Linear.__new__(nn.Linear)
+        plain.__dict__.update(out.__dict__)
+        plain._parameters = {**out._parameters, "weight": self.weight}
+        plain._modules = {k: v for k, v in out._modules.items() if k != "parametrizations"}
         kept = {id(t): t for t in (self.weight, self.bias, self.weight_transform) if t is not None}
-        layer = copy.deepcopy(self.attention, memo=kept)
-        parametrize.remove_parametrizations(layer.out, "weight", leave_parametrized=False)
+        layer = copy.deepcopy(self.attention, memo={**kept, id(out): plain})
+        state = self.__dict__.copy()
         state["_modules"] = {**self._modules, "attention": layer}
         return state
 

@@ -270,6 +270,35 @@ def ink_kept(clean: np.ndarray, corrupted: np.ndarray) -> float:
     return float((corrupted.astype(np.int64).sum(axis=(1, 2)) / ink).mean())
 
 
+# SHA-256 of each dataset's standard test labels (int64, little-endian, as ``ImageSet`` holds them);
+# its images' is ``CORRUPTION_SHA256[dataset]["clean"]``
+TEST_LABELS_SHA256: dict[str, str] = {
+    "fashion-mnist": "d51d859896c55775b9e9e219b77ff03bcec1b6ac322f313544dc3f9e7bc94fae",
+    "fashion-mnist-anywhere": "d51d859896c55775b9e9e219b77ff03bcec1b6ac322f313544dc3f9e7bc94fae",
+}
+
+
+def nonstandard_test_set(dataset: str, test: ImageSet) -> str | None:
+    """Why ``test`` (``load_splits(dataset).test``) is not ``dataset``'s standard test set, the
+    one results are stated on: its images or labels differ from the recorded SHA-256s (other
+    files in the data folder, e.g. training images put in the test files' place). None if they
+    are the recorded ones, or if none are recorded for ``dataset``."""
+    if dataset not in TEST_LABELS_SHA256:
+        return None
+    labels = np.ascontiguousarray(test.labels.numpy().astype("<i8"))
+    images_ok = array_sha256(test.images.numpy()) == CORRUPTION_SHA256[dataset]["clean"]
+    labels_ok = hashlib.sha256(labels.tobytes()).hexdigest() == TEST_LABELS_SHA256[dataset]
+    if images_ok and labels_ok:
+        return None
+    differ = " and ".join(
+        what for what, ok in (("images", images_ok), ("labels", labels_ok)) if not ok
+    )
+    return (
+        f"not the standard {dataset} test set: its {len(test)} test {differ} differ from the "
+        f"recorded ones (SHA-256)"
+    )
+
+
 def clean_test_set(
     dataset: str = "fashion-mnist", data_dir: str | Path | None = None, download: bool = True
 ) -> ImageSet:
@@ -282,7 +311,8 @@ def clean_test_set(
             f"no corrupted test sets for {dataset!r}; expected one of "
             f"{', '.join(ROBUSTNESS_DATASETS)}"
         )
-    return load_splits(dataset, data_dir, download=download).test
+    # only the test split is used: no validation images need carving out of the training set
+    return load_splits(dataset, data_dir, val_size=0, download=download).test
 
 
 def corrupt_test_set(clean: ImageSet, name: str, dataset: str = "fashion-mnist") -> ImageSet:

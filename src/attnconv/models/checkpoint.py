@@ -38,7 +38,7 @@ from torch.utils._device import _device_constructors
 from attnconv.errors import UserError
 from attnconv.models.presets import MODELS, preset_arguments
 from attnconv.models.transformer import upgrade_arguments
-from attnconv.runs import write_atomic
+from attnconv.runs import require_regular_file, write_atomic
 
 FORMAT = "attnconv-checkpoint"
 VERSION = 2
@@ -184,9 +184,7 @@ def load_checkpoint(
     FileNotFoundError if ``path`` is missing; CheckpointError (a ValueError) naming the file if it
     is truncated, corrupted, unsafe (pickled objects), or not an attnconv checkpoint.
     """
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"checkpoint {path} does not exist")
+    path = require_regular_file(path, "checkpoint")  # a FIFO or /dev/zero is named as such
     try:
         checkpoint = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except PermissionError:

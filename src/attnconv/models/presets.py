@@ -180,6 +180,12 @@ TCNN_FULL_FASHION_LAYERS = (
 TCNN_FULL_FASHION_SPREAD = 3.5
 """The smallest spread that keeps ``resnet-fashion-small``'s validation accuracy within 0.1 point
 with every 3×3 convolution transformed (``attnconv transform --layers spatial``)."""
+TCNN_FIRST_FORM: dict[str, Any] = {
+    "gate": "clamp", "opening": 0.0, "qk_init": "default", "content_weight_decay": True
+}
+"""The content start of the ``tcnn-*`` presets: their shipped weights' (``attnconv.convert``'s
+``FIRST_FORM``: gates shut, queries and keys that never learn). A checkpoint ``attnconv
+transform`` wrote keeps its own start when a preset fine-tunes it."""
 _TCNN_RECIPE: dict[str, Any] = {
     "lr": 0.01, "epochs": 20, "warmup_fraction": 0.05, "attention_lr_scale": 10.0
 }
@@ -203,6 +209,7 @@ def _tcnn_preset(
             "layers": layers,
             "spread": spread,
             "content": content,
+            **TCNN_FIRST_FORM,
         },
         dict(_TCNN_RECIPE),
         dataset="fashion-mnist",

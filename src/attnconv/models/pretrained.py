@@ -24,9 +24,15 @@ is. The index's fields:
 
     name, description, dataset, architecture (a ``MODELS`` key), arguments (every constructor
     argument, so a later edit of a preset never changes how old weights load), file, sha256 (of
-    the file's bytes, checked before anything is read), test_accuracy (on the dataset's test set,
-    in [0, 1]), and the run that made it (the ``attnconv train`` command that repeats it, epochs,
+    the file's bytes, checked before anything is read), size (for a packed file: the bytes of the
+    safetensors file it unpacks to; unpacking stops there, so a file that would expand further is
+    refused without the memory it asks for), test_accuracy (on the dataset's test set, in
+    [0, 1]), and the run that made it (the ``attnconv train`` command that repeats it, epochs,
     best epoch, precision, training time, and the machine where the run recorded it).
+
+Every file here is read through ``attnconv.runs``'s bounded reader: sizes bounded, the
+safetensors header's size and nesting bounded and its entries checked, the file named in the
+one-line error.
 
 The models normalise their own input (mean and std are buffers), so they take float images in
 ``[0, 1]`` of shape ``(B, C, H, W)`` like every model of the package, and are returned in eval mode.
@@ -50,7 +56,16 @@ from torch import nn
 from attnconv.errors import UserError
 from attnconv.models.checkpoint import rebuild
 from attnconv.models.presets import full_arguments
-from attnconv.runs import parse_json, write_atomic
+from attnconv.runs import (
+    MAX_JSON_BYTES,
+    FileFormatError,
+    json_kind,
+    parse_json,
+    read_file,
+    read_xz,
+    safetensors_header,
+    write_atomic,
+)
 
 WEIGHTS_DIR = Path(__file__).with_name("weights")
 INDEX_NAME = "index.json"
@@ -60,6 +75,9 @@ SAMPLE_COUNT = 8
 
 
 PACKED_SUFFIX = ".safetensors.shuf.xz"
+# The largest weight file read, packed or not, and the most a packed one may unpack to: the
+# paper's largest model (learned-content, 29.5M float32 parameters) takes 118 MB.
+MAX_WEIGHTS_BYTES = 2**30
 # Bytes per element of each safetensors dtype (the rest: 1, which the regrouping leaves alone).
 _ELEMENT_BYTES = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2,
                   "I16": 2, "U16": 2}
@@ -69,24 +87,21 @@ class PretrainedError(UserError):
     """Shipped weights that are missing, corrupted or do not fit their model (one-line message)."""
 
 
-def _regroup_tensor_bytes(data: bytes, restore: bool) -> bytes:
+def _regroup_tensor_bytes(data: bytes, restore: bool, where: str = "the safetensors data") -> bytes:
     """``data`` (a safetensors file) with every tensor's bytes regrouped by their place in an
     element (``restore``: put back). The header is left as it is, so it reads the same either
-    way. ValueError if the header is not a safetensors one or a tensor lies outside the data."""
-    if len(data) < 8:
-        raise ValueError(f"{len(data)} bytes, too short for a safetensors header")
-    start = 8 + int.from_bytes(data[:8], "little")
-    header = json.loads(data[8:start])
-    if not isinstance(header, dict):
-        raise ValueError("the safetensors header is not a JSON object")
+    way. FileFormatError (a ValueError) naming ``where`` if the header is not a safetensors one
+    (``attnconv.runs.safetensors_header``: size and nesting bounded, entries checked) or a tensor
+    lies outside the data."""
+    header, start = safetensors_header(data, where)
     out = bytearray(data)
     for name, entry in header.items():
         if name == "__metadata__":
             continue
         width = _ELEMENT_BYTES.get(entry["dtype"], 1)
         first, last = (start + offset for offset in entry["data_offsets"])
-        if not start <= first <= last <= len(data) or (last - first) % width:
-            raise ValueError(f"tensor {name!r} lies outside the file's data")
+        if (last - first) % width:
+            raise FileFormatError(f"{where}: tensor {name[:40]!r} lies outside the file's data")
         if width > 1 and last > first:
             elements = np.frombuffer(data, np.uint8, last - first, first)
             shape = (width, -1) if restore else (-1, width)
@@ -101,10 +116,21 @@ def pack_weights(safetensors_bytes: bytes) -> bytes:
     return lzma.compress(regrouped, preset=9 | lzma.PRESET_EXTREME)
 
 
-def unpack_weights(packed: bytes) -> bytes:
-    """The safetensors bytes [`pack_weights`][] packed, exactly. ValueError (or
-    ``lzma.LZMAError``) for bytes that are not such a file."""
-    return _regroup_tensor_bytes(lzma.decompress(packed, format=lzma.FORMAT_XZ), restore=True)
+def unpack_weights(
+    packed: bytes, size: int | None = None, where: str = "the packed weights"
+) -> bytes:
+    """The safetensors bytes [`pack_weights`][] packed, exactly. ``size``: the bytes they must
+    have (the index's ``size``); decompression stops there (else at ``MAX_WEIGHTS_BYTES``), so a
+    file that expands further costs no more memory than that. FileFormatError (a ValueError)
+    naming ``where`` for bytes that are not such a file or unpack to another size."""
+    limit = MAX_WEIGHTS_BYTES if size is None else min(size, MAX_WEIGHTS_BYTES)
+    data = read_xz(packed, limit, where)
+    if size is not None and len(data) != size:
+        raise FileFormatError(
+            f"{where} cannot be read (it unpacks to {len(data)} bytes, its index entry says "
+            f"{size})"
+        )
+    return _regroup_tensor_bytes(data, restore=True, where=where)
 
 
 @dataclass(frozen=True)
@@ -120,9 +146,11 @@ class PretrainedInfo:
     sha256: str
     test_accuracy: float
     run: dict[str, Any] = field(default_factory=dict)
+    size: int | None = None
 
 
-# The type of each entry field of index.json (``run`` may be left out).
+# The type of each entry field of index.json (``run`` may be left out, and ``size`` but for a
+# packed file).
 _ENTRY_TYPES: dict[str, type | tuple[type, ...]] = {
     "name": str,
     "description": str,
@@ -133,7 +161,9 @@ _ENTRY_TYPES: dict[str, type | tuple[type, ...]] = {
     "sha256": str,
     "test_accuracy": (float, int),
     "run": dict,
+    "size": int,
 }
+_OPTIONAL_FIELDS = ("run", "size")
 
 
 def _read_index(folder: Path) -> dict[str, PretrainedInfo]:
@@ -150,18 +180,22 @@ def _read_index(folder: Path) -> dict[str, PretrainedInfo]:
         )
 
     try:
-        entries = parse_json(path.read_bytes().decode("utf-8"))
+        entries = parse_json(read_file(path, MAX_JSON_BYTES, "the pretrained index").decode())
+    except FileFormatError:
+        raise
     except ValueError as err:  # UnicodeDecodeError, JSONDecodeError, too deeply nested
         reason = str(err).splitlines()[0][:120]
         raise corrupted(f"not UTF-8 JSON ({reason})") from err
     if not isinstance(entries, list):
-        raise corrupted(f"not a JSON list of model entries ({_json_kind(entries)})")
+        raise corrupted(f"not a JSON list of model entries ({json_kind(entries)})")
     models = {}
     for number, entry in enumerate(entries, start=1):
         if not isinstance(entry, dict):
-            raise corrupted(f"entry {number} is not a JSON object ({_json_kind(entry)})")
+            raise corrupted(f"entry {number} is not a JSON object ({json_kind(entry)})")
         name = str(entry.get("name", "?"))[:40]
-        missing = [key for key in _ENTRY_TYPES if key != "run" and key not in entry]
+        missing = [key for key in _ENTRY_TYPES if key not in _OPTIONAL_FIELDS and key not in entry]
+        if str(entry.get("file", "")).endswith(PACKED_SUFFIX) and "size" not in entry:
+            missing.append("size (a packed file's unpacked size)")
         unknown = sorted(str(key)[:40] for key in entry if key not in _ENTRY_TYPES)
         if missing or unknown:
             lacks = f"lacks {', '.join(missing)}" if missing else ""
@@ -170,21 +204,18 @@ def _read_index(folder: Path) -> dict[str, PretrainedInfo]:
         for key, value in entry.items():
             expected = _ENTRY_TYPES[key]
             if not isinstance(value, expected) or isinstance(value, bool):
-                kind = _json_kind(1.0 if key == "test_accuracy" else expected())
+                kind = json_kind(1.0 if key == "test_accuracy" else expected())
                 raise corrupted(
-                    f"entry {number} ({name}) has a malformed {key} ({_json_kind(value)}, "
+                    f"entry {number} ({name}) has a malformed {key} ({json_kind(value)}, "
                     f"expected {kind})"
                 )
+        if "size" in entry and not 0 < entry["size"] <= MAX_WEIGHTS_BYTES:
+            raise corrupted(
+                f"entry {number} ({name}) has a size of {entry['size']} bytes, not in "
+                f"[1, {MAX_WEIGHTS_BYTES}]"
+            )
         models[entry["name"]] = PretrainedInfo(**entry)
     return models
-
-
-def _json_kind(value: Any) -> str:
-    """What a value read from JSON is, in JSON's words: ``an object``, ``a number``, ..."""
-    kinds = {dict: "an object", list: "an array", str: "a string", bool: "a boolean"}
-    if value is None:
-        return "null"
-    return kinds.get(type(value), "a number")
 
 
 def pretrained_models(folder: str | Path = WEIGHTS_DIR) -> dict[str, PretrainedInfo]:
@@ -215,12 +246,12 @@ def _read_weights(info: PretrainedInfo, folder: Path) -> dict[str, torch.Tensor]
     from safetensors.torch import load as load_safetensors
 
     path = folder / info.file
-    if not path.is_file():
+    if not path.exists():
         raise PretrainedError(
             f"the weight file {path} of pretrained model {info.name!r} is missing; reinstall "
             f"attnconv"
         )
-    data = path.read_bytes()
+    data = read_file(path, MAX_WEIGHTS_BYTES, "the weight file")
     if hashlib.sha256(data).hexdigest() != info.sha256:
         raise PretrainedError(
             f"the weight file {path} of pretrained model {info.name!r} is corrupted (SHA-256 "
@@ -228,9 +259,13 @@ def _read_weights(info: PretrainedInfo, folder: Path) -> dict[str, torch.Tensor]
         )
     try:
         if info.file.endswith(PACKED_SUFFIX):
-            data = unpack_weights(data)
+            data = unpack_weights(data, info.size, f"the weight file {path}")
+        else:
+            safetensors_header(data, f"the weight file {path}")
         return load_safetensors(data)
-    except (SafetensorError, lzma.LZMAError, ValueError, KeyError, TypeError) as err:
+    except FileFormatError as err:
+        raise PretrainedError(str(err)) from err
+    except (SafetensorError, ValueError, KeyError, TypeError) as err:
         reason = str(err).splitlines()[0][:160] if str(err) else type(err).__name__
         raise PretrainedError(f"the weight file {path} cannot be read ({reason})") from err
 
@@ -273,7 +308,8 @@ def export_pretrained(
     state = {key: value.detach().cpu().contiguous() for key, value in model.state_dict().items()}
     entries = pretrained_models(folder)
     replaced = entries.get(name)
-    write_atomic(folder / file, pack_weights(save(state)))
+    plain = save(state)
+    write_atomic(folder / file, pack_weights(plain))
     info = PretrainedInfo(
         name=name,
         description=description,
@@ -284,9 +320,14 @@ def export_pretrained(
         sha256=file_sha256(folder / file),
         test_accuracy=float(test_accuracy),
         run=json.loads(json.dumps(dict(run))),
+        size=len(plain),
     )
     entries = {**entries, name: info}
-    text = json.dumps([asdict(entry) for entry in entries.values()], indent=2) + "\n"
+    fields = [
+        {key: value for key, value in asdict(entry).items() if value is not None or key != "size"}
+        for entry in entries.values()
+    ]
+    text = json.dumps(fields, indent=2) + "\n"
     write_atomic(folder / INDEX_NAME, text.encode())
     if replaced is not None and replaced.file != file:  # e.g. a plain .safetensors of before
         (folder / replaced.file).unlink(missing_ok=True)
@@ -324,17 +365,24 @@ def export_samples(
 def sample_images(dataset: str, folder: str | Path = WEIGHTS_DIR) -> tuple[torch.Tensor, list[str]]:
     """The shipped test images of ``dataset`` as floats ``(B, C, H, W)`` in ``[0, 1]``, and a
     caption per image (``"test i: CLASS"``). PretrainedError if none are shipped."""
-    from safetensors import SafetensorError, safe_open
+    from safetensors import SafetensorError
+    from safetensors.torch import load
 
     path = _samples_path(dataset, Path(folder))
-    if not path.is_file():
+    if not path.exists():
         raise PretrainedError(f"no test images of {dataset!r} are shipped (no {path})")
     try:
-        with safe_open(str(path), framework="pt") as handle:
-            images = handle.get_tensor("images")
-            labels = handle.get_tensor("labels")
-            classes = parse_json(handle.metadata()["classes"])
-    except (SafetensorError, KeyError, ValueError) as err:
+        data = read_file(path, MAX_WEIGHTS_BYTES, "the shipped test images")
+        header, _ = safetensors_header(data, f"the shipped test images {path}")
+        tensors = load(data)
+        images, labels = tensors["images"], tensors["labels"]
+        classes = parse_json(header["__metadata__"]["classes"])
+        named = isinstance(classes, list) and all(0 <= int(y) < len(classes) for y in labels)
+        if not named:
+            raise ValueError("its labels do not name its classes")
+    except FileFormatError as err:
+        raise PretrainedError(str(err)) from err
+    except (SafetensorError, KeyError, ValueError, TypeError) as err:
         raise PretrainedError(f"the shipped test images {path} cannot be read ({err})") from err
     captions = [f"test {i}: {classes[int(y)]}" for i, y in enumerate(labels)]
     return images.float() / 255.0, captions

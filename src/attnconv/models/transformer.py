@@ -20,8 +20,8 @@ from torch import nn
 
 from attnconv.attention import POSITIONAL_SCORES, MultiHeadSelfAttention2d, PositionalScore
 from attnconv.data.statistics import CIFAR10_MEAN, CIFAR10_STD
+from attnconv.models.body import TransformerBody, check_positive_ints
 from attnconv.models.decay import exempt_names
-from attnconv.models.normalize import Normalize, check_images, space_to_depth
 
 LAYER_NORM_EPS = 1e-12
 POSITIONAL = (*POSITIONAL_SCORES, None)
@@ -120,8 +120,9 @@ class TransformerBlock(nn.Module):
         return (x, probs) if return_attention else x
 
 
-class ImageTransformer(nn.Module):
-    r"""Transformer classifier over pixels (Cordonnier et al., 2020, §4).
+class ImageTransformer(TransformerBody):
+    r"""Transformer classifier over pixels (Cordonnier et al., 2020, §4), on the shared
+    ``attnconv.models.body.TransformerBody``.
 
     Args:
         num_classes: number of output logits.
@@ -174,18 +175,10 @@ class ImageTransformer(nn.Module):
         position_term: bool = True,
         positional_init: str | None = None,
     ) -> None:
-        super().__init__()
-        for name, value in (
-            ("num_classes", num_classes),
-            ("in_channels", in_channels),
-            ("stem", stem),
-            ("hidden", hidden),
-            ("depth", depth),
-            ("mlp_dim", mlp_dim),
-            ("max_size", max_size),
-        ):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        check_positive_ints(
+            num_classes=num_classes, in_channels=in_channels, stem=stem, hidden=hidden,
+            depth=depth, mlp_dim=mlp_dim, max_size=max_size,
+        )  # fmt: skip
         if weight_init not in WEIGHT_INITS:
             raise ValueError(f"weight_init must be one of {WEIGHT_INITS}, got {weight_init!r}")
         if positional_init is not None and positional_init not in POSITIONAL_INITS:
@@ -208,15 +201,9 @@ class ImageTransformer(nn.Module):
                 f"heads must be a positive int or a list of {depth} positive ints (one per "
                 f"layer), got {heads!r}"
             )
-        self.num_classes = num_classes
-        self.in_channels = in_channels
-        self.stem = stem
+        super().__init__(num_classes, in_channels, image_size, mean, std, stem, hidden)
         self.positional = positional
         self.max_size = max_size
-        self.image_size = (int(image_size[0]), int(image_size[1]))
-
-        self.normalize = Normalize(mean, std, in_channels)
-        self.embed = nn.Linear(in_channels * stem * stem, hidden)
         self.blocks = nn.ModuleList(
             TransformerBlock(
                 hidden,
@@ -237,28 +224,15 @@ class ImageTransformer(nn.Module):
         self.token_grid(*self.image_size)  # the attention layers say which grids they cover
         self.classifier = nn.Linear(hidden, num_classes)
         self.weight_init = weight_init
-        self._init_weights()
-
-    def _init_weights(self) -> None:
-        """Every Linear as ``weight_init`` says (``"original"``: left at PyTorch's defaults). The
-        positional scores were drawn by the attention layers (``positional_init``)."""
-        if self.weight_init == "original":
-            return
-        for module in self.modules():
-            if isinstance(module, nn.Linear):
-                std = 0.02 if self.weight_init == "bert" else module.in_features**-0.5
-                nn.init.normal_(module.weight, std=std)
-                nn.init.zeros_(module.bias)
+        # every Linear as weight_init says ("original": left at PyTorch's defaults); the
+        # positional scores were drawn by the attention layers (positional_init)
+        if weight_init != "original":
+            self.init_linears(0.02 if weight_init == "bert" else None)
 
     def token_grid(self, height: int, width: int) -> tuple[int, int]:
         """The token grid ``(h, w) = (H / stem, W / stem)`` for an ``H×W`` image; ValueError if
         ``stem`` does not divide both or (learned encoding) the grid exceeds ``max_size``."""
-        if height < 1 or width < 1 or height % self.stem or width % self.stem:
-            raise ValueError(
-                f"image size {height}x{width} is not divisible by the stem width {self.stem}: "
-                f"the space-to-depth stem needs H and W to be positive multiples of {self.stem}"
-            )
-        h, w = height // self.stem, width // self.stem
+        h, w = super().token_grid(height, width)
         if not all(layer.covers(h, w) for layer in self.attention_layers()):
             raise ValueError(
                 f"image size {height}x{width} gives a {h}x{w} token grid, larger than the "
@@ -266,37 +240,6 @@ class ImageTransformer(nn.Module):
                 f"max_size >= {max(h, w)}"
             )
         return h, w
-
-    def attention_layers(self) -> list[MultiHeadSelfAttention2d]:
-        """The ``depth`` attention layers, first to last."""
-        return [block.attention for block in self.blocks]
-
-    def heads_per_layer(self) -> list[int]:
-        """Current number of heads of each layer (changes when heads are pruned)."""
-        return [layer.heads for layer in self.attention_layers()]
-
-    def forward(
-        self, x: torch.Tensor, return_attention: bool = False
-    ) -> torch.Tensor | tuple[torch.Tensor, list[torch.Tensor]]:
-        """``x``: float images ``(B, in_channels, H, W)`` in ``[0, 1]``.
-
-        Returns logits ``(B, num_classes)``; with ``return_attention`` also a list over layers
-        of attention probabilities ``(B, heads, h·w, h·w)`` on the token grid (row-major tokens,
-        rows are queries).
-        """
-        check_images(x, self.in_channels, "ImageTransformer")
-        self.token_grid(x.shape[2], x.shape[3])
-        x = space_to_depth(self.normalize(x), self.stem)
-        x = self.embed(x.permute(0, 2, 3, 1))
-        attentions = []
-        for block in self.blocks:
-            if return_attention:
-                x, probs = block(x, return_attention=True)
-                attentions.append(probs)
-            else:
-                x = block(x)
-        logits = self.classifier(x.mean(dim=(1, 2)))
-        return (logits, attentions) if return_attention else logits
 
     def no_weight_decay_parameters(self, rule: str = "original") -> set[str]:
         """Names of parameters trained without weight decay under ``rule`` (``models/decay.py``):

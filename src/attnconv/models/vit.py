@@ -26,8 +26,8 @@ from torch import nn
 
 from attnconv.attention import MultiHeadSelfAttention2d
 from attnconv.data.statistics import CIFAR10_MEAN, CIFAR10_STD
+from attnconv.models.body import TransformerBody, check_positive_ints
 from attnconv.models.decay import exempt_names
-from attnconv.models.normalize import Normalize, check_images, space_to_depth
 
 LAYER_NORM_EPS = 1e-6
 POSITION_INIT_STD = 0.02
@@ -98,8 +98,9 @@ class ViTBlock(nn.Module):
         return (x, probs) if return_attention else x
 
 
-class VisionTransformer(nn.Module):
-    """Plain ViT classifier (module docstring).
+class VisionTransformer(TransformerBody):
+    """Plain ViT classifier (module docstring), on the shared
+    ``attnconv.models.body.TransformerBody`` (its ``stem`` is ``patch_size``).
 
     Args:
         num_classes: number of output logits.
@@ -120,6 +121,8 @@ class VisionTransformer(nn.Module):
             ``N(0, 0.02²)`` truncated at ±2 (ViT's).
     """
 
+    STEM_WORDS = ("patch size", "the patch embedding")
+
     def __init__(
         self,
         num_classes: int = 10,
@@ -137,28 +140,14 @@ class VisionTransformer(nn.Module):
         attention_dropout: float = 0.0,
         init_std: float | None = None,
     ) -> None:
-        super().__init__()
-        for name, value in (
-            ("num_classes", num_classes),
-            ("in_channels", in_channels),
-            ("patch_size", patch_size),
-            ("hidden", hidden),
-            ("depth", depth),
-            ("heads", heads),
-            ("head_dim", head_dim),
-            ("mlp_dim", mlp_dim),
-        ):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        check_positive_ints(
+            num_classes=num_classes, in_channels=in_channels, patch_size=patch_size,
+            hidden=hidden, depth=depth, heads=heads, head_dim=head_dim, mlp_dim=mlp_dim,
+        )  # fmt: skip
         if init_std is not None and not init_std > 0:
             raise ValueError(f"init_std must be positive or None, got {init_std!r}")
-        self.num_classes = num_classes
-        self.in_channels = in_channels
+        super().__init__(num_classes, in_channels, image_size, mean, std, patch_size, hidden)
         self.patch_size = patch_size
-        self.image_size = (int(image_size[0]), int(image_size[1]))
-
-        self.normalize = Normalize(mean, std, in_channels)
-        self.embed = nn.Linear(in_channels * patch_size * patch_size, hidden)
         self.position = PositionEmbedding(self.token_grid(*self.image_size), hidden)
         self.blocks = nn.ModuleList(
             ViTBlock(hidden, heads, head_dim, mlp_dim, dropout, attention_dropout)
@@ -166,57 +155,16 @@ class VisionTransformer(nn.Module):
         )
         self.norm = nn.LayerNorm(hidden, eps=LAYER_NORM_EPS)
         self.classifier = nn.Linear(hidden, num_classes)
-        for module in self.modules():
-            if isinstance(module, nn.Linear):
-                std_ = module.in_features**-0.5 if init_std is None else init_std
-                nn.init.normal_(module.weight, std=std_)
-                nn.init.zeros_(module.bias)
+        self.init_linears(init_std)
 
-    @property
-    def stem(self) -> int:
-        """Input pixels per token side (attnconv's figures and explorer read ``stem``)."""
-        return self.patch_size
+    def tokens(self, images: torch.Tensor) -> torch.Tensor:
+        """Images ``(B, C, H, W)`` -> patch tokens ``(B, h, w, hidden)`` with their positions."""
+        return self.position(super().tokens(images))
 
-    def token_grid(self, height: int, width: int) -> tuple[int, int]:
-        """The patch grid ``(H / patch_size, W / patch_size)``; ValueError unless both divide."""
-        p = self.patch_size
-        if height < 1 or width < 1 or height % p or width % p:
-            raise ValueError(
-                f"image size {height}x{width} is not divisible by the patch size {p}: the patch "
-                f"embedding needs H and W to be positive multiples of {p}"
-            )
-        return height // p, width // p
-
-    def attention_layers(self) -> list[MultiHeadSelfAttention2d]:
-        """The ``depth`` attention layers, first to last."""
-        return [block.attention for block in self.blocks]
-
-    def heads_per_layer(self) -> list[int]:
-        """Number of heads of each layer."""
-        return [layer.heads for layer in self.attention_layers()]
-
-    def forward(
-        self, x: torch.Tensor, return_attention: bool = False
-    ) -> torch.Tensor | tuple[torch.Tensor, list[torch.Tensor]]:
-        """``x``: float images ``(B, in_channels, H, W)`` in ``[0, 1]``.
-
-        Returns logits ``(B, num_classes)``; with ``return_attention`` also a list over layers
-        of attention probabilities ``(B, heads, h·w, h·w)`` on the patch grid (row-major patches,
-        rows are queries).
-        """
-        check_images(x, self.in_channels, "VisionTransformer")
-        self.token_grid(x.shape[2], x.shape[3])
-        patches = space_to_depth(self.normalize(x), self.patch_size)  # (B, C·p², h, w)
-        x = self.position(self.embed(patches.permute(0, 2, 3, 1)))  # (B, h, w, hidden)
-        attentions = []
-        for block in self.blocks:
-            if return_attention:
-                x, probs = block(x, return_attention=True)
-                attentions.append(probs)
-            else:
-                x = block(x)
-        logits = self.classifier(self.norm(x).mean(dim=(1, 2)))
-        return (logits, attentions) if return_attention else logits
+    def pooled(self, x: torch.Tensor) -> torch.Tensor:
+        """Patch tokens ``(B, h, w, hidden)`` -> their mean after the final LayerNorm
+        ``(B, hidden)``."""
+        return self.norm(x).mean(dim=(1, 2))
 
     def no_weight_decay_parameters(self, rule: str = "original") -> set[str]:
         """Names of parameters trained without weight decay under ``rule`` (``models/decay.py``):

@@ -262,6 +262,10 @@ def _override_items(overrides: Mapping[str, Any] | Sequence[str] | None) -> list
     return items
 
 
+MAX_COUNT = 10**6  # epochs, images per batch: the most attnconv train's options take
+MAX_PAD = 256  # pixels of the random crop's padding (the paper's: 4)
+
+
 def check_config(config: TrainConfig) -> None:
     """UserError naming the first value out of its valid range, or a setting that would do
     nothing in this combination."""
@@ -278,7 +282,9 @@ def check_config(config: TrainConfig) -> None:
          f"data_dir does nothing for {config.dataset!r}: it ships with scikit-learn; leave "
          f"--data-dir out")
     need(config.epochs >= 1, f"epochs must be >= 1, got {config.epochs}")
-    need(config.batch_size >= 1, f"batch_size must be >= 1, got {config.batch_size}")
+    need(config.epochs <= MAX_COUNT, f"epochs must be <= {MAX_COUNT}, got {config.epochs}")
+    need(1 <= config.batch_size <= MAX_COUNT,
+         f"batch_size must be in [1, {MAX_COUNT}], got {config.batch_size}")
     need(config.lr > 0, f"lr must be > 0, got {config.lr}")
     need(config.optimizer in OPTIMIZERS,
          f"unknown optimizer {config.optimizer!r}; valid optimizers: {', '.join(OPTIMIZERS)}")
@@ -309,7 +315,8 @@ def check_config(config: TrainConfig) -> None:
     need(config.device == "auto" or config.device == "cpu" or config.device.startswith("cuda"),
          f"device must be auto, cpu, cuda or cuda:N, got {config.device!r}")
     need(is_valid_seed(config.seed), f"seed must be {SEED_RULE}, got {config.seed}")
-    need(config.pad is None or config.pad >= 0, f"pad must be >= 0 pixels, got {config.pad}")
+    need(config.pad is None or 0 <= config.pad <= MAX_PAD,
+         f"pad must be in [0, {MAX_PAD}] pixels, got {config.pad}")
     need(not config.pad or config.dataset not in PLACED_DATASETS,
          f"pad does nothing on {config.dataset!r}: placing every image anywhere on its canvas "
          f"replaces the random crop; leave pad out")
@@ -561,16 +568,12 @@ def save_config(config: TrainConfig, path: str | Path) -> None:
 def load_config(path: str | Path) -> TrainConfig:
     """Read a ``config.json`` written by ``save_config`` (or by a run, for people to read: a
     resume uses the checkpoint's own copy)."""
+    from attnconv.runs import read_json
+
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise FileNotFoundError(f"no training config at {path}")
-    try:
-        values = json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        raise UserError(f"{path} is not valid JSON: {err}") from err
-    if not isinstance(values, dict):
-        raise UserError(f"{path} must hold a JSON object, got {type(values).__name__}")
-    return TrainConfig.from_dict(values)
+    return TrainConfig.from_dict(read_json(path, "the training config"))
 
 
 # ---------------------------------------------------------------------------- typed values

@@ -117,14 +117,20 @@ def run_summary(
     replans: list[list[int]],
     best_path: Path,
     tested: tuple[dict[str, Any], float, float],
+    test_set: ImageSet,
 ) -> dict[str, Any]:
     """What ``summary.json`` holds of a finished run: ``model``'s size; ``tested`` (``test_best``:
     the best of ``records``, its epoch records, and the test loss and accuracy of that epoch's
     checkpoint, ``best_path``); the training time and speed, the machine and the command that
-    repeats the run (with its ``replans``)."""
+    repeats the run (with its ``replans``); ``test_set`` (what ``"test_set"`` says) where the
+    images tested are not the dataset's recorded test split, so its accuracy is not comparable to
+    those stated on it (``attnconv.data.corruptions.nonstandard_test_set``)."""
+    from attnconv.data.corruptions import nonstandard_test_set
+
     best, test_loss, test_acc = tested
     train_time = sum(r["epoch_time_s"] for r in records)
-    return {
+    unlike = nonstandard_test_set(config.dataset, test_set)
+    return {**({"test_set": unlike} if unlike else {}),
         "preset": config.preset,
         "dataset": config.dataset,
         "parameters": count_parameters(model),
@@ -151,4 +157,5 @@ def format_summary(summary: dict[str, Any], run_root: Path) -> str:
         f"{summary['best_epoch']}; test accuracy of that checkpoint {summary['test_acc']:.4f} "
         f"(loss {summary['test_loss']:.4f}); {summary['train_time_s']:.1f}s of training, "
         f"{summary['images_per_s']:.0f} img/s; run folder {run_root}"
-    )
+    ) + (f"\nnote: the test accuracy is on data that is {summary['test_set']}"
+         if "test_set" in summary else "")

@@ -392,7 +392,7 @@ class Trainer:
             )
             summary = evaluation.run_summary(self.config, self.model, self.metrics,
                                              self.steps_per_epoch, self.replans, self.run.best,
-                                             tested)  # fmt: skip
+                                             tested, self.data.test)  # fmt: skip
             with self.writer.writing(self.run.summary):
                 write_json(self.run.summary, summary)
             self.logger.print(evaluation.format_summary(summary, self.run.root))

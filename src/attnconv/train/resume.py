@@ -11,7 +11,6 @@ run with a ``TrainingInterrupted`` saying what a resume continues from.
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,7 @@ import torch
 
 from attnconv.errors import UserError
 from attnconv.models.checkpoint import CheckpointError, load_checkpoint
-from attnconv.runs import RunDir, RunFolderError
+from attnconv.runs import RunDir, RunFolderError, read_json
 from attnconv.train.checkpoint import saved_position, set_rng_state
 from attnconv.train.config import BOOKKEEPING_KEYS, TrainConfig, extended_config
 from attnconv.train.logger import note
@@ -74,8 +73,8 @@ def resumed_config(
             f"{', '.join(keys)}"
         )
     try:
-        written = json.loads(run.config.read_text())
-    except (OSError, ValueError):
+        written = read_json(run.config, "the run's config", expect=None)
+    except (OSError, ValueError):  # missing, unreadable, not JSON: written again below
         written = None
     if written != saved.to_dict():
         keys = sorted(
@@ -151,7 +150,7 @@ def run_plans(
     lengths, stops = [length for length, _ in plans], [stop for _, stop in plans]
     if len(plans) == 1:
         if run.summary.is_file():
-            return json.loads(run.summary.read_text())
+            return read_json(run.summary, "the run's summary")
         if run.last.is_file():
             return train(None, run.root, resume=True, **options)
         return train(config, run.root, init_checkpoint=init_checkpoint, **options)
@@ -165,7 +164,7 @@ def run_plans(
         else:
             train(None, run.root, resume=True, epochs=lengths[part + 1],
                   stop_after=stops[part + 1], **options)  # fmt: skip
-    return json.loads(run.summary.read_text())
+    return read_json(run.summary, "the run's summary")
 
 
 def _check_plans(plans: list[tuple[int, int]], first_length: int) -> None:

@@ -81,7 +81,7 @@ from attnconv.attention import MultiHeadSelfAttention2d, scores
 from attnconv.errors import UserError
 from attnconv.models.modes import evaluating
 from attnconv.models.transformed import TransformedNetwork
-from attnconv.runs import parse_json, write_atomic, write_text_atomic
+from attnconv.runs import parse_json, read_file, write_atomic, write_text_atomic
 from attnconv.viz.maps import FLOOR, attention_layers, compute_attention, token_grid
 from attnconv.viz.rollout import rollout_rows
 from attnconv.viz.site_check import (
@@ -698,12 +698,16 @@ def _write_data(out: Path, file: str, payload: dict[str, Any]) -> Path:
     return path
 
 
+MAX_DATA_BYTES = 2**30
+"""The largest site data file ``read_data`` reads (a model's with many test images: megabytes)."""
+
+
 def read_data(path: str | Path) -> dict[str, Any]:
     """The object a site's data file (``data.js`` or one under ``models/``) assigns. SiteError
     naming the file unless it is UTF-8 text assigning a JSON object."""
     path = Path(path)
     try:
-        text = path.read_bytes().decode("utf-8")
+        text = read_file(path, MAX_DATA_BYTES, "explorer data file").decode("utf-8")
         start, end = text.index("= ") + 2, text.rindex(";")
         data = parse_json(text[start:end])
     except ValueError as err:  # not UTF-8, no assignment, malformed JSON

@@ -14,7 +14,7 @@ from torch import Tensor, nn
 
 from attnconv.errors import UserError
 from attnconv.models.transformed import TransformedNetwork
-from attnconv.runs import RunDir
+from attnconv.runs import RunDir, require_regular_file
 from attnconv.viz.contours import contour_figure, outlined_heads
 from attnconv.viz.distance import add_distances, distance_figure, format_head_table, layer_distances
 from attnconv.viz.maps import (
@@ -65,9 +65,7 @@ def checkpoint_path(path: str | Path) -> Path:
     path = Path(path)
     if path.is_dir():
         path = RunDir(path).last
-    if not path.is_file():
-        raise FileNotFoundError(f"checkpoint {str(path)!r} does not exist")
-    return path
+    return require_regular_file(path, "checkpoint")
 
 
 def test_images(
@@ -451,10 +449,16 @@ def _head_rows(model: nn.Module) -> list[dict[str, Any]]:
 
 
 def write_csv(rows: list[dict[str, Any]], path: Path) -> Path:
-    """``rows`` (dicts with the same keys, the first row's order) as a CSV file with a header."""
+    """``rows`` (dicts with the same keys, the first row's order) as a CSV file with a header,
+    written atomically."""
+    import io
+
+    from attnconv.runs import write_text_atomic
+
     path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
+    handle = io.StringIO(newline="")
+    writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+    writer.writeheader()
+    writer.writerows(rows)
+    write_text_atomic(path, handle.getvalue())
     return path

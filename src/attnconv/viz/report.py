@@ -7,7 +7,6 @@ object per epoch) and, once the run has finished, ``summary.json``. Accuracies a
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -19,7 +18,7 @@ from matplotlib.lines import Line2D
 from matplotlib.ticker import MaxNLocator
 
 from attnconv.errors import UserError
-from attnconv.runs import RunDir
+from attnconv.runs import MAX_JSON_BYTES, RunDir, parse_json, read_file
 from attnconv.viz.style import new_figure, palette_color
 
 
@@ -87,7 +86,7 @@ def load_run(run_dir: str | Path) -> Run:
 
 def _read_text(path: Path) -> str:
     try:
-        return path.read_bytes().decode("utf-8")
+        return read_file(path, MAX_JSON_BYTES, "file").decode("utf-8")
     except UnicodeDecodeError as err:
         raise UserError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from err
 
@@ -108,8 +107,8 @@ def _short(value: Any, limit: int = 60) -> str:
 
 def _parse_json(text: str, where: str) -> dict[str, Any]:
     try:
-        value = json.loads(text)
-    except json.JSONDecodeError as err:
+        value = parse_json(text)
+    except ValueError as err:  # malformed, or nested deeper than Python's reader goes
         raise UserError(f"{where}: not valid JSON ({err})") from err
     if not isinstance(value, dict):
         raise UserError(f"{where}: expected a JSON object, got {type(value).__name__}")

@@ -134,10 +134,17 @@ def new_figure(width: float, height: float) -> Figure:
 
 
 def save_figure(fig: Figure, out_dir: str | Path, name: str, dpi: int = 150) -> list[Path]:
-    """Write ``fig`` as ``out_dir/name.png`` and ``out_dir/name.pdf``; returns both paths."""
+    """Write ``fig`` as ``out_dir/name.png`` and ``out_dir/name.pdf``, each atomically
+    (``attnconv.runs.write_atomic``); returns both paths."""
+    import io
+
+    from attnconv.runs import write_atomic
+
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / f"{name}.png", out / f"{name}.pdf"]
     for path in paths:
-        fig.savefig(path, dpi=dpi)
+        buffer = io.BytesIO()
+        fig.savefig(buffer, dpi=dpi, format=path.suffix[1:])
+        write_atomic(path, buffer.getbuffer())
     return paths
