@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
@@ -182,6 +182,44 @@ def _load(source: str) -> tuple[nn.Module, str, str, dict]:
     )
 
 
+def _same_dataset(a: str, b: str, dataset_a: str, dataset_b: str) -> None:
+    """UserError unless the models ``a`` and ``b`` were trained on one dataset."""
+    if dataset_a != dataset_b:
+        raise UserError(
+            f"{a} was trained on {dataset_a} and {b} on {dataset_b}: a paired test needs the same "
+            f"test images"
+        )
+
+
+def _test_predictions(
+    loaded: tuple[nn.Module, str, str, dict], data_dir: str | None, batch_size: int,
+    splits: dict[str, Any],
+) -> tuple[str, Tensor, Tensor]:
+    """The name of a model ``_load`` gave, its predicted classes on its dataset's test split and
+    the split's labels; ``splits`` holds the splits read so far by dataset (each read once)."""
+    from attnconv.data import load_splits
+    from attnconv.train.loop import check_data_fits
+
+    model, dataset, name, arguments = loaded
+    if dataset not in splits:
+        splits[dataset] = load_splits(dataset, data_dir, 0)
+    data = splits[dataset]
+    check_data_fits(arguments, data, name, same_size=True)
+    return name, predicted_classes(model, data.test, batch_size), data.test.labels
+
+
+def _paired(
+    a: str, b: str, tested_a: tuple[str, Tensor, Tensor], tested_b: tuple[str, Tensor, Tensor]
+) -> PairedComparison:
+    """McNemar's test of ``a`` and ``b`` from their ``_test_predictions``."""
+    (name_a, predicted_a, labels), (name_b, predicted_b, _) = tested_a, tested_b
+    if name_a == name_b:
+        name_a, name_b = a, b
+    return mcnemar(
+        predicted_a == labels, predicted_b == labels, predicted_a, predicted_b, name_a, name_b
+    )
+
+
 def compare_checkpoints(
     a: str, b: str, data_dir: str | None = None, batch_size: int = 500
 ) -> PairedComparison:
@@ -189,27 +227,11 @@ def compare_checkpoints(
     on (10,000 images for Fashion-MNIST), in float32 on the CPU. ``a``, ``b``: a checkpoint, a
     run folder (its ``best.pt``, the epoch chosen on validation) or ``pretrained:NAME``.
     UserError when the two were trained on different datasets."""
-    from attnconv.data import load_splits
-    from attnconv.train.loop import check_data_fits
-
-    model_a, dataset_a, name_a, arguments_a = _load(a)
-    model_b, dataset_b, name_b, arguments_b = _load(b)
-    if dataset_a != dataset_b:
-        raise UserError(
-            f"{a} was trained on {dataset_a} and {b} on {dataset_b}: a paired test needs the same "
-            f"test images"
-        )
-    data = load_splits(dataset_a, data_dir, 0)
-    check_data_fits(arguments_a, data, name_a, same_size=True)
-    check_data_fits(arguments_b, data, name_b, same_size=True)
-    labels = data.test.labels
-    predicted_a = predicted_classes(model_a, data.test, batch_size)
-    predicted_b = predicted_classes(model_b, data.test, batch_size)
-    if name_a == name_b:
-        name_a, name_b = a, b
-    return mcnemar(
-        predicted_a == labels, predicted_b == labels, predicted_a, predicted_b, name_a, name_b
-    )
+    loaded_a, loaded_b = _load(a), _load(b)
+    _same_dataset(a, b, loaded_a[1], loaded_b[1])
+    splits: dict[str, Any] = {}
+    tested_a = _test_predictions(loaded_a, data_dir, batch_size, splits)
+    return _paired(a, b, tested_a, _test_predictions(loaded_b, data_dir, batch_size, splits))
 
 
 @dataclass(frozen=True)
@@ -226,17 +248,20 @@ def against_baseline(
     runs: list[PairedRun], baseline: str, data_dir: str | None = None
 ) -> list[tuple[PairedRun, PairedRun, PairedComparison]]:
     """Every run of another model against ``baseline``'s run of the same seed (where there is
-    one), on the test split: ``(run, baseline run, comparison)`` in the order of ``runs``. Runs
+    one), on the test split (read once; each model predicts once, the baseline's too):
+    ``(run, baseline run, comparison)`` in the order of ``runs``. Runs
     of different epochs are still compared; the table that shows them says so in the row."""
     of_baseline = {run.seed: run for run in runs if run.preset == baseline}
-    pairs = []
-    for run in runs:
-        if run.preset == baseline or run.seed not in of_baseline:
-            continue
-        cnn = of_baseline[run.seed]
-        comparison = compare_checkpoints(run.checkpoint, cnn.checkpoint, data_dir)
-        pairs.append((run, cnn, comparison))
-    return pairs
+    compared = [(run, of_baseline[run.seed]) for run in runs
+                if run.preset != baseline and run.seed in of_baseline]  # fmt: skip
+    loaded = {r.checkpoint: _load(r.checkpoint) for pair in compared for r in pair}
+    for run, cnn in compared:  # before any model runs
+        _same_dataset(run.checkpoint, cnn.checkpoint, loaded[run.checkpoint][1],
+                      loaded[cnn.checkpoint][1])  # fmt: skip
+    splits: dict[str, Any] = {}
+    tested = {c: _test_predictions(m, data_dir, 500, splits) for c, m in loaded.items()}
+    return [(run, cnn, _paired(run.checkpoint, cnn.checkpoint, tested[run.checkpoint],
+                               tested[cnn.checkpoint])) for run, cnn in compared]  # fmt: skip
 
 
 def format_against_baseline(pairs: list[tuple[PairedRun, PairedRun, PairedComparison]]) -> str:
