@@ -86,7 +86,8 @@ def print_table(title: str, times: dict[tuple[str, str], dict[str, float]],
                 picked: dict[tuple[str, str], str]) -> None:
     """Print ``times`` (``{(mode, precision): {row: seconds}}``) as one row per contender and two
     columns per mode, milliseconds and the ratio to ``PICKED``'s time, then the route picked in
-    each mode."""
+    each mode and, as the measurement's own spread, ``PICKED``'s time over that route's pinned
+    one (the same computation timed twice)."""
     modes = list(times)
     names = list(dict.fromkeys(name for mode in modes for name in times[mode]))
     width = max(map(len, names)) + 2
@@ -100,9 +101,20 @@ def print_table(title: str, times: dict[tuple[str, str], dict[str, float]],
                          f"{seconds * 1e3:>11.2f} ({seconds / times[mode][PICKED]:.2f}x)")
         print(f"{name:<{width}}" + "".join(cells))
     print("picked: " + "; ".join(f"{mode} {precision}: {picked[mode, precision]}"
-                                 for mode, precision in modes), flush=True)
+                                 for mode, precision in modes))
+    print("the same route twice, layer as it picks / its route pinned (the spread of runs): "
+          + "; ".join(f"{mode} {precision}: "
+                      f"{times[mode, precision][PICKED] / times[mode, precision][ROUTE + route]:.2f}x"
+                      for (mode, precision), route in picked.items()), flush=True)
 
 
 def fastest_route(times: dict[str, float]) -> float:
     """The best time of the pinned routes among ``times``."""
     return min(seconds for name, seconds in times.items() if name.startswith(ROUTE))
+
+
+def pick_over_fastest(times: dict[str, float], picked: str) -> float:
+    """The time of route ``picked``, pinned, over the fastest pinned route's: how far the pick is
+    from the best of its routes, each measured alike (the row ``PICKED`` is the same route run
+    again, and differs from its pinned row by the spread of runs alone)."""
+    return times[ROUTE + picked] / fastest_route(times)

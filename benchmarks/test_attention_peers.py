@@ -72,5 +72,5 @@ def test_the_benchmark_prints_every_route_the_pick_and_the_peers_per_mode(
     [picked] = [line for line in lines if line.startswith("picked: ")]
     assert all(f"{mode} {precision}: " in picked for mode, precision in attention.MODES)
     targets = [line for line in lines if "(target " in line]
-    # per mode: pick / fastest route, best peer / layer; and the floor in fwd+bwd fp32
+    # per mode: picked route / fastest, best peer / layer; and the floor in fwd+bwd fp32
     assert len(targets) == 2 * len(attention.MODES) + 1

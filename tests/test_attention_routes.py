@@ -57,9 +57,9 @@ def test_the_fastest_candidate_is_chosen_once_and_then_served_from_memory(select
     costs = {"a": 0.75, "b": 0.25, "c": 0.5}  # seconds, exact in binary
     candidates = timed_candidates(selector.clock, costs, calls)
     assert selector.choose("key", candidates, rule="a", device=CPU) == "b"
-    # one warm-up run each, then as many rounds as fit MEASURE_SECONDS (two of 1.5 s) in which
-    # the order rotates
-    assert calls == ["a", "b", "c", "a", "b", "c", "b", "c", "a"]
+    # one warm-up run each, then one round: "a" and "c" are more than CONTENDER_MARGIN slower
+    # than "b" and leave the race, which ends with one candidate left
+    assert calls == ["a", "b", "c", "a", "b", "c"]
     assert selector.choice("key") == routes.Choice("b", costs)
     calls.clear()
     assert selector.choose("key", candidates, rule="a", device=CPU) == "b"
@@ -69,10 +69,11 @@ def test_the_fastest_candidate_is_chosen_once_and_then_served_from_memory(select
     assert selector.choose("other key", other, rule="a", device=CPU) == "c"
 
 
-def test_the_best_run_counts_and_the_rounds_fit_the_measuring_time(selector) -> None:
+def test_the_best_run_counts_and_near_ties_race_more_rounds(selector) -> None:
     clock, calls = selector.clock, []
-    # warm-up, then two rounds: the warm-up does not count, the best round does
-    steps = {"a": iter([1.0, 0.75, 0.125]), "b": iter([0.25, 0.25, 0.375])}
+    # warm-up, then rounds: the warm-up does not count, the best run does; after round 1 "a" is
+    # within the margin of "b" and stays, after round 2 "b" is not and leaves
+    steps = {"a": iter([1.0, 0.3, 0.125]), "b": iter([0.25, 0.25, 0.375])}
 
     def candidate(name):
         def run():
@@ -83,14 +84,24 @@ def test_the_best_run_counts_and_the_rounds_fit_the_measuring_time(selector) -> 
 
     assert selector.choose("key", {n: candidate(n) for n in steps}, "b", CPU) == "a"
     assert selector.choice("key").seconds == {"a": 0.125, "b": 0.25}
+    assert calls == ["a", "b", "a", "b", "b", "a"]  # the order rotates each round
     calls.clear()
-    slow = timed_candidates(clock, {"a": 1.5, "b": 1.0}, calls)  # warm-ups: 2.5 s, one round
+    # Candidates of seconds within the margin of each other: MIN_ROUNDS rounds, no more (the
+    # timed runs took more than MEASURE_SECONDS)
+    slow = timed_candidates(clock, {"a": 1.5, "b": 1.25}, calls)
     assert selector.choose("slow key", slow, "a", CPU) == "b"
-    assert calls == ["a", "b", "a", "b"]
+    assert len(calls) == 2 * (1 + routes.MIN_ROUNDS)
     calls.clear()
-    fast = timed_candidates(clock, {"a": 0.0625, "b": 0.125}, calls)  # 5 rounds, max_rounds
+    # Of milliseconds: max_rounds rounds fit MEASURE_SECONDS
+    fast = timed_candidates(clock, {"a": 0.0625, "b": 0.0703125}, calls)
     assert selector.choose("fast key", fast, "b", CPU) == "a"
-    assert len(calls) == 2 * (1 + selector.max_rounds) == 12
+    assert len(calls) == 2 * (1 + selector.max_rounds)
+    calls.clear()
+    # A clearly slower candidate runs once after its warm-up; the close two race on
+    race = timed_candidates(clock, {"a": 1.0, "b": 0.25, "c": 0.3}, calls)
+    assert selector.choose("race key", race, "a", CPU) == "b"
+    assert calls.count("a") == 2
+    assert calls.count("b") == calls.count("c") >= 1 + routes.MIN_ROUNDS
 
 
 def test_timing_off_takes_the_rule_and_runs_no_candidate(selector, monkeypatch) -> None:

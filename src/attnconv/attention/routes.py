@@ -14,9 +14,14 @@ A key is the route family, the shapes and options the routes' speed depends on, 
 compute in, whether a backward pass follows, the device and torch's threads. Each candidate is
 timed as it runs: its forward pass, and where gradients are wanted its backward pass too (on
 detached copies of the inputs, so nothing reaches the model's ``.grad``), one untimed warm-up run
-and then timed rounds in which the candidates alternate, as many as fit ``MEASURE_SECONDS`` (one
-to ``max_rounds``), the best run counting (on a
-CPU with one thread in CPU time, else in wall-clock time: ``default_clock``). The random number
+and then timed rounds in which the candidates alternate, the best run of each counting (on a CPU
+with one thread in CPU time, else in wall-clock time: ``default_clock``). The rounds race the
+candidates: after each, those slower than ``1 + CONTENDER_MARGIN`` times the best so far drop
+out, and rounds go on among the rest until one is left, or at least ``MIN_ROUNDS`` rounds have
+run and the timed runs have taken ``MEASURE_SECONDS``, or ``max_rounds`` have run. One run of
+the same route varies by 10–15% on a shared virtual machine, so near-equal routes get several
+rounds (a single round picked one 7% slower than the fastest, measured), and clearly slower ones
+cost one. The random number
 generators are restored afterwards, so the timing draws no dropout masks that the run would
 otherwise have drawn. Every route is exact (the tests hold each to a float64 reference), so the
 choice changes results by float rounding only.
@@ -58,10 +63,14 @@ CACHE_ENV = "ATTNCONV_ROUTE_CACHE"
 CACHE_VERSION = 1
 """Version of the cache file's layout (``{"version", "machines": {machine: {key: choice}}}``)."""
 MEASURE_SECONDS = 3.0
-"""About how long the timed rounds of one measurement take: as many rounds as the warm-up runs'
-total fits in this (at least one, at most the selector's ``max_rounds``). Candidates of
-milliseconds get several rounds, whose best resists a neighbour's interference; candidates of
-seconds one."""
+"""Timed runs of one measurement after which no further round starts (once ``MIN_ROUNDS`` have
+run): candidates of milliseconds get up to the selector's ``max_rounds``, candidates of seconds
+``MIN_ROUNDS`` among those still in the race."""
+MIN_ROUNDS = 3
+"""Rounds the candidates still in the race run at least (unless one is left)."""
+CONTENDER_MARGIN = 0.25
+"""After each round a candidate whose best run is slower than ``1 + CONTENDER_MARGIN`` times the
+best so far leaves the race: more than the spread of one route's runs (10–15% here)."""
 
 
 @dataclass(frozen=True)
@@ -171,10 +180,10 @@ class RouteSelector:
         clock: seconds; ``None`` (the default) takes ``default_clock`` of the device measured
             on (tests pass a fake one).
         max_rounds: the most timed rounds of one measurement after the warm-up (the best run of
-            each candidate counts; ``MEASURE_SECONDS`` decides how many fit).
+            each candidate counts; ``MIN_ROUNDS`` and ``MEASURE_SECONDS`` decide how many run).
     """
 
-    def __init__(self, clock: Callable[[], float] | None = None, max_rounds: int = 5) -> None:
+    def __init__(self, clock: Callable[[], float] | None = None, max_rounds: int = 7) -> None:
         self.clock = clock
         self.max_rounds = max_rounds
         self.timing: bool | None = None  # None: the environment decides (TIMING_ENV)
@@ -248,21 +257,28 @@ class RouteSelector:
     def _measure(
         self, candidates: Mapping[str, Callable[[], object]], device: torch.device
     ) -> Choice:
-        """Best seconds of each candidate: one warm-up run each, then timed rounds in which the
-        candidates alternate (the order rotated each round), with the random number generators
-        restored afterwards."""
+        """Best seconds of each candidate: one warm-up run each, then the race of timed rounds
+        (module docstring) in which the order rotates each round, with the random number
+        generators restored afterwards. A candidate that left the race keeps its best so far."""
         names = list(candidates)
         devices = [device] if device.type == "cuda" else []
         with torch.random.fork_rng(devices=devices):
-            warm_up = 0.0
             for name in names:
-                warm_up += self._time(candidates[name], device)
-            rounds = max(1, min(self.max_rounds, int(MEASURE_SECONDS / max(warm_up, 1e-9))))
+                self._time(candidates[name], device)
             best = dict.fromkeys(names, float("inf"))
-            for round_ in range(rounds):
-                shift = round_ % len(names)
-                for name in names[shift:] + names[:shift]:
-                    best[name] = min(best[name], self._time(candidates[name], device))
+            racing, spent, rounds = names, 0.0, 0
+            while len(racing) > 1 and rounds < self.max_rounds and (
+                rounds < MIN_ROUNDS or spent < MEASURE_SECONDS
+            ):
+                shift = rounds % len(racing)
+                for name in racing[shift:] + racing[:shift]:
+                    seconds = self._time(candidates[name], device)
+                    spent += seconds
+                    best[name] = min(best[name], seconds)
+                rounds += 1
+                leader = min(best[name] for name in racing)
+                racing = [name for name in racing
+                          if best[name] <= (1 + CONTENDER_MARGIN) * leader]
         route = min(names, key=best.__getitem__)  # the first of equals: the candidates' order
         return Choice(route, best)
 
