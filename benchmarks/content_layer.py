@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import random
 import sys
 import time
 from collections.abc import Callable
@@ -127,7 +128,9 @@ def previous_forward(layer: MultiHeadSelfAttention2d, x: Tensor) -> Tensor:
 def alternate(runs: dict[str, Callable[[], None]], rounds: int,
               device: torch.device) -> dict[str, float]:
     """Best seconds of each run over ``rounds`` rounds in which they alternate (one warm-up each),
-    the order rotated each round so that none always follows the same one: on a CPU this
+    in a new order each round (shuffled, seeded), so that no run follows the same one in every
+    round, as it would in an order rotated by one for up to ``len(runs)`` rounds: what ran before
+    can slow a run (the caches, the heap, the core's clock after the matrix unit). On a CPU this
     process's CPU time, which waiting for a core shared with other work does not inflate; on a GPU
     wall-clock time."""
     clock = time.perf_counter if device.type == "cuda" else time.process_time
@@ -135,9 +138,9 @@ def alternate(runs: dict[str, Callable[[], None]], rounds: int,
         run()
     best = dict.fromkeys(runs, float("inf"))
     names = list(runs)
-    for round_ in range(rounds):
-        shift = round_ % len(names)
-        for name in names[shift:] + names[:shift]:
+    order = random.Random(0)
+    for _ in range(rounds):
+        for name in order.sample(names, len(names)):
             run = runs[name]
             synchronize(device)
             started = clock()
@@ -314,7 +317,7 @@ def main(argv: list[str] | None = None) -> None:
         print("\nTargets:")
         for name, value, target, higher in checks:
             verdict = "met" if (value >= target if higher else value <= target) else "NOT met"
-            print(f"  {name:<42} {value:6.2f}x  (target {'>=' if higher else '<='} {target}x)  "
+            print(f"  {name:<56} {value:6.2f}x  (target {'>=' if higher else '<='} {target}x)  "
                   f"{verdict}")
 
 
