@@ -15,6 +15,7 @@ from attnconv.attention import layer as layer_module
 from attnconv.attention import separable
 from attnconv.attention.separable import separable_attention_project
 from memory_probe import LargestOutput
+from route_helpers import pinned_route
 
 
 def plain_reference(values, row, col, weight, bias):
@@ -52,6 +53,7 @@ def random_inputs(gen, batch, height, width, heads, d, out_dim, bias, channels_f
     bias=st.booleans(),
     channels_first=st.booleans(),
     images_per_chunk=st.sampled_from([1, 2, None]),  # None: the default, one chunk here
+    layout=st.sampled_from(separable.LAYOUTS),
     seed=st.integers(0, 2**16),
 )
 def test_matches_plain_reference_forward_and_every_gradient_float64(
@@ -64,6 +66,7 @@ def test_matches_plain_reference_forward_and_every_gradient_float64(
     bias,
     channels_first,
     images_per_chunk,
+    layout,
     seed,
 ):
     gen = torch.Generator().manual_seed(seed)
@@ -80,7 +83,7 @@ def test_matches_plain_reference_forward_and_every_gradient_float64(
         else images_per_chunk * height * width * d
     )
     with mock.patch.object(separable, "CHUNK_ELEMENTS", chunk):
-        out = separable_attention_project(*inputs)
+        out = separable_attention_project(*inputs, layout=layout)
         grads = torch.autograd.grad(out, present, upstream)
 
     assert out.shape == (batch, height, width, out_dim) and out.dtype == torch.float64
@@ -121,7 +124,8 @@ def test_gradients_only_for_inputs_that_require_them():
     assert row.grad is None and col.grad is None and bias.grad is None
 
 
-def test_bf16_autocast_runs_in_bf16_and_stays_close_to_float32():
+@pytest.mark.parametrize("layout", separable.LAYOUTS)
+def test_bf16_autocast_runs_in_bf16_and_stays_close_to_float32(layout):
     gen = torch.Generator().manual_seed(1)
     inputs = [
         t.float().requires_grad_(True) for t in random_inputs(gen, 3, 6, 5, 4, 8, 6, True, False)
@@ -130,7 +134,7 @@ def test_bf16_autocast_runs_in_bf16_and_stays_close_to_float32():
     exact = separable_attention_project(*inputs)
     exact_grads = torch.autograd.grad(exact, inputs, upstream)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        low = separable_attention_project(*inputs)
+        low = separable_attention_project(*inputs, chunk_elements=2 * 6 * 5 * 8, layout=layout)
     assert low.dtype == torch.bfloat16
     low_grads = torch.autograd.grad(low, inputs, upstream)
     scale = exact.abs().max()
@@ -140,20 +144,20 @@ def test_bf16_autocast_runs_in_bf16_and_stays_close_to_float32():
         assert ((grad - want).abs().max() / want.abs().max()).item() < 3e-2
 
 
-def test_layer_never_builds_a_tensor_of_heads_times_the_input():
-    """The per-head loop keeps every intermediate at the size of one head's values or output."""
+@pytest.mark.parametrize("layout", separable.LAYOUTS)
+def test_layer_never_builds_a_tensor_of_heads_times_the_input(layout):
+    """The per-head loop keeps every intermediate at the size of one head's values or output,
+    in either order of a chunk."""
     batch, height, width, dim, heads = 4, 10, 12, 6, 5
     layer = MultiHeadSelfAttention2d(dim, heads, positional="gaussian")
     x = torch.randn(batch, height, width, dim, requires_grad=True)
-    with (
-        mock.patch.object(layer_module, "FUSED_MIN_ELEMENTS", x.numel()),
-        LargestOutput() as recorder,
-    ):
+    route = layer_module.per_head_route(separable.CHUNK_ELEMENTS, layout)
+    with pinned_route(route), LargestOutput() as recorder:
         layer(x).sum().backward()
     pixels = batch * height * width
     # ... or the per-row (W, W) partial gradients of the column factor, pixels·W numbers
     assert recorder.largest <= max(pixels * dim, pixels * width)
-    with LargestOutput() as batched:  # all heads at once (the route below the threshold)
+    with pinned_route("separable"), LargestOutput() as batched:  # all heads at once
         layer(x).sum().backward()
     assert batched.largest >= pixels * heads * dim
 

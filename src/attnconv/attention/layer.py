@@ -10,9 +10,10 @@ against float64 explicit attention):
 * position-only, separable (isotropic ``gaussian``, ``learned``): $P^h = R^h \otimes C^h$; attend
   along rows with $R^h$ ($H \times H$) and along columns with $C^h$ ($W \times W$). $O(N (H + W))$
   per head and image, no $N \times N$ tensor: ``separable``, all heads at once (two batched
-  products), or without a value projection ``per head, chunks of C``, heads attended and
-  projected one at a time over chunks of images, so that no tensor of ``heads ×`` the input's
-  size exists either (``attention/separable.py``).
+  products), or without a value projection ``per head, chunks of C`` (and ``per head, pixels
+  first, chunks of C``, each chunk held pixels first), heads attended and projected one at a time
+  over chunks of images, so that no tensor of ``heads ×`` the input's size exists either
+  (``attention/separable.py``).
 * position-only, ``shared``: $P^h$ ($N \times N$) built once per forward and applied to the whole
   batch as one matrix product; the only route of a score that does not separate
   (``gaussian_full``).
@@ -104,9 +105,11 @@ PositionRoute = Callable[[Tensor, bool, Projection], tuple[Tensor, Tensor | None
 """A position-only route: ``(x, return_attention, projection)`` → ``(y, probs | None)``."""
 
 
-def per_head_route(chunk: int) -> str:
-    """The name of the per-head separable route with chunks of ``chunk`` values."""
-    return f"per head, chunks of {chunk}"
+def per_head_route(chunk: int, layout: str = "images") -> str:
+    """The name of the per-head separable route with chunks of ``chunk`` values, in ``layout``
+    (``separable.LAYOUTS``; ``"pixels"``: each chunk held pixels first)."""
+    order = "" if layout == "images" else " pixels first,"
+    return f"per head,{order} chunks of {chunk}"
 
 
 def fold_pays(first: nn.Linear, then: nn.Linear, tokens: int) -> bool:
@@ -528,7 +531,8 @@ class MultiHeadSelfAttention2d(nn.Module):
         """The exact routes of a position-only layer for ``x``, by name (``attention/routes.py``
         picks one): ``"shared"``, the ``(heads, N, N)`` matrix; for a separable score also
         ``"separable"``, its factors for all heads at once, and without a value projection
-        ``"per head, chunks of C"``, one head at a time in chunks of ``C`` values, for each
+        ``"per head, chunks of C"`` and ``"per head, pixels first, chunks of C"``, one head at
+        a time in chunks of ``C`` values (``separable.LAYOUTS``), for each
         chunk size of ``separable.chunk_candidates`` that cuts ``x``'s batch differently (the
         rule's ``CHUNK_ELEMENTS`` first)."""
         found: dict[str, PositionRoute] = {"shared": self._forward_shared}
@@ -539,8 +543,11 @@ class MultiHeadSelfAttention2d(nn.Module):
                 chunks = {}  # images per chunk -> chunk size
                 for chunk in (separable.CHUNK_ELEMENTS, *separable.chunk_candidates()):
                     chunks.setdefault(min(batch, max(1, chunk // (height * width * dim))), chunk)
-                for chunk in sorted(chunks.values(), reverse=True):
-                    found[per_head_route(chunk)] = partial(self._forward_separable, chunk=chunk)
+                for layout in separable.LAYOUTS:
+                    for chunk in sorted(chunks.values(), reverse=True):
+                        found[per_head_route(chunk, layout)] = partial(
+                            self._forward_separable, chunk=chunk, layout=layout
+                        )
         return found
 
     def _position_rule(self, x: Tensor) -> str:
@@ -593,11 +600,16 @@ class MultiHeadSelfAttention2d(nn.Module):
         return found[name](x, return_attention, projection)
 
     def _forward_separable(
-        self, x: Tensor, return_attention: bool, projection: Projection, chunk: int | None
+        self,
+        x: Tensor,
+        return_attention: bool,
+        projection: Projection,
+        chunk: int | None,
+        layout: str = "images",
     ) -> tuple[Tensor, Tensor | None]:
         """``P^h = R^h ⊗ C^h``: attend along columns with ``C^h``, then along rows with ``R^h``;
-        all heads at once (``chunk=None``) or one head at a time in chunks of ``chunk`` values
-        (``separable_attention_project``)."""
+        all heads at once (``chunk=None``) or one head at a time in chunks of ``chunk`` values,
+        each chunk in ``layout`` (``separable_attention_project``)."""
         batch, height, width, _ = x.shape
         row, col = self.position.probability_factors(height, width)
         probs = scores.kron_factors(row, col) if return_attention else None
@@ -605,7 +617,9 @@ class MultiHeadSelfAttention2d(nn.Module):
             mask_row, mask_col = self._factored_dropout_masks(height, width, row)
             row, col = row * mask_row, col * mask_col
         if chunk is not None:
-            y = separable_attention_project(x, row, col, *projection, chunk_elements=chunk)
+            y = separable_attention_project(
+                x, row, col, *projection, chunk_elements=chunk, layout=layout
+            )
             return y, probs
         # All heads at once: two batched products, then the output projection.
         v = self._values_pixels_first(x, axis=2)  # (heads|1, W, B·H·d)

@@ -17,6 +17,19 @@ buffers), multiply it into the output with one matrix product, and in the backwa
 it rather than store it. Nothing of size ``heads × input`` is ever allocated, every tensor stays in
 the input's ``(B, H, W, ·)`` layout (no permutes), and the projection's arithmetic is unchanged.
 
+The loop runs in one of two layouts of a chunk (``LAYOUTS``; the route selector measures both,
+``attention/routes.py``). ``"images"``: the chunk as it comes, ``(b, H, W, d)``; a head's column
+attention is a batch of ``b·H`` products of ``W × W`` by ``W × d`` and its row attention a batch of
+``b`` products of ``H × H`` by ``H × W·d``. ``"pixels"``: the chunk copied once, pixels first,
+``(H, W, b, d)``, which every head shares; a head's row attention is then one product of ``H × H``
+by ``H × W·b·d`` and its column attention ``H`` products of ``W × W`` by ``W × b·d``, and the
+row-factor gradient one product instead of a batch summed; the output (and in the backward pass
+the output's gradient and the values' gradient) is held in the same order and permuted once per
+chunk. Fewer, larger products against three copies of a chunk: which pays depends on the machine,
+the sizes and the dtype (one thread of an Intel Xeon with AMX, forward and backward, the best chunk
+of each: in float32 the pixels-first loop 9% faster at the Fashion size and 7% at the paper's, in
+bfloat16 4–13% slower; ``docs/layers.md``).
+
 Gradients flow to the values, both factors and the projection (weight and bias), so dropout masks
 and the softmax are differentiated by autograd outside. No double backward.
 """
@@ -45,6 +58,9 @@ memory reused, ``attnconv.memory``, whose floor is faster: 2.5× → 2.0×); at 
 L2 per core, 1 thread) bfloat16 wants larger chunks, whose products its matrix unit runs faster:
 at the paper's size forward and backward took 808 ms with ``1 << 18`` and 588 ms with ``1 << 20``,
 while float32 took 1.77 s and 1.81 s (``docs/layers.md``)."""
+LAYOUTS = ("images", "pixels")
+"""The orders a chunk is attended in (module docstring): images first as it comes, or copied
+pixels first."""
 CHUNK_STEPS = (4, 1, 1 / 4)
 """The chunks measured (``chunk_candidates``): these multiples of the values one core's L2 cache
 holds in float32, beside ``CHUNK_ELEMENTS``."""
@@ -104,18 +120,33 @@ class _Scratch:
 
 
 class _SeparableAttentionProject(torch.autograd.Function):
+    """The per-head loop in either order of a chunk (``LAYOUTS``: ``_ImagesFirst``,
+    ``_PixelsFirst``), autocast off within: the loops cast nothing themselves."""
+
     @staticmethod
-    def forward(ctx, values, row, col, weight, bias, chunk_elements):
+    def forward(ctx, values, row, col, weight, bias, chunk_elements, layout):
+        loop = _LOOPS[layout]
         with torch.autocast(values.device.type, enabled=False):
-            out = _SeparableAttentionProject._forward(
-                values, row, col, weight, bias, chunk_elements
-            )
+            out = loop.forward(values, row, col, weight, bias, chunk_elements)
         ctx.save_for_backward(values, row, col, weight)
-        ctx.chunk_elements = chunk_elements
+        ctx.chunk_elements, ctx.loop = chunk_elements, loop
         return out
 
     @staticmethod
-    def _forward(
+    def backward(ctx, grad_out):
+        values, row, col, weight = ctx.saved_tensors
+        with torch.autocast(values.device.type, enabled=False):
+            grads = ctx.loop.backward(
+                values, row, col, weight, grad_out, ctx.needs_input_grad, ctx.chunk_elements
+            )
+        return (*grads, None, None)
+
+
+class _ImagesFirst:
+    """The per-head loop over each chunk as it comes, ``(b, H, W, d)``."""
+
+    @staticmethod
+    def forward(
         values: Tensor,
         row: Tensor,
         col: Tensor,
@@ -145,16 +176,7 @@ class _SeparableAttentionProject(torch.autograd.Function):
         return out.to(values.dtype).view(batch, height, width, out_dim)
 
     @staticmethod
-    def backward(ctx, grad_out):
-        values, row, col, weight = ctx.saved_tensors
-        with torch.autocast(values.device.type, enabled=False):
-            grads = _SeparableAttentionProject._backward(
-                values, row, col, weight, grad_out, ctx.needs_input_grad, ctx.chunk_elements
-            )
-        return (*grads, None)
-
-    @staticmethod
-    def _backward(values, row, col, weight, grad_out, needs_grad, chunk_elements):
+    def backward(values, row, col, weight, grad_out, needs_grad, chunk_elements):
         batch, height, width, d = values.shape
         heads, out_dim = row.shape[0], weight.shape[0]
         grad_out = grad_out.reshape(batch, height * width, out_dim).to(values.dtype)
@@ -199,6 +221,93 @@ class _SeparableAttentionProject(torch.autograd.Function):
         return grad_values, grad_row, grad_col, grad_weight, grad_bias
 
 
+def _pixels_first(values: Tensor) -> Tensor:
+    """``(b, H, W, c)`` → a contiguous ``(H, W, b·c)`` copy."""
+    batch, height, width, c = values.shape
+    return values.permute(1, 2, 0, 3).contiguous().view(height, width, batch * c)
+
+
+class _PixelsFirst:
+    """The per-head loop with each chunk of images held pixels first (module docstring)."""
+
+    @staticmethod
+    def forward(values, row, col, weight, bias, chunk_elements):
+        batch, height, width, d = values.shape
+        heads, out_dim = row.shape[0], weight.shape[0]
+        # Accumulate in at least float32: a bf16 sum over heads would round once per head.
+        acc_dtype = torch.promote_types(values.dtype, torch.float32)
+        out = values.new_empty(batch, height, width, out_dim)
+        chunks = _image_chunks(values, chunk_elements)
+        most = (chunks[0].stop - chunks[0].start) * height * width
+        columns = values.new_empty(most * d)  # (H, W, b·d)
+        attended = values.new_empty(most * d)  # (H, W·b·d) = (N·b, d), pixels first
+        acc = values.new_empty(most, out_dim, dtype=acc_dtype)  # (N·b, out), pixels first
+        head_out = None if acc_dtype == values.dtype else values.new_empty(most, out_dim)
+        for chunk in chunks:
+            v = _pixels_first(values[chunk])  # (H, W, b·d)
+            rows = height * width * (chunk.stop - chunk.start)
+            t, y, o = columns[: rows * d].view(v.shape), attended[: rows * d], acc[:rows]
+            o[:] = 0.0 if bias is None else bias
+            for h in range(heads):
+                # t[k1, q2, (b, c)] = Σ_k2 col[q2, k2] v[k1, k2, (b, c)]
+                torch.bmm(col[h].expand(height, width, width), v, out=t)
+                # y[q1, (q2, b, c)] = Σ_k1 row[q1, k1] t[k1, (q2, b, c)]
+                torch.mm(row[h], t.view(height, -1), out=y.view(height, -1))
+                w = weight[:, h * d : (h + 1) * d]
+                if head_out is None:
+                    torch.addmm(o, y.view(rows, d), w.t(), out=o)
+                else:
+                    o += torch.mm(y.view(rows, d), w.t(), out=head_out[:rows])
+            out[chunk] = o.view(height, width, -1, out_dim).permute(2, 0, 1, 3)
+        return out
+
+    @staticmethod
+    def backward(values, row, col, weight, grad_out, needs_grad, chunk_elements):
+        _, height, width, d = values.shape
+        heads, out_dim = row.shape[0], weight.shape[0]
+        grad_out = grad_out.to(values.dtype)
+        grad_values = torch.empty_like(values) if needs_grad[0] else None
+        grad_row = torch.zeros_like(row) if needs_grad[1] else None
+        grad_col = torch.zeros_like(col) if needs_grad[2] else None
+        grad_weight = weight.new_zeros(heads, out_dim, d) if needs_grad[3] else None
+        for chunk in _image_chunks(values, chunk_elements):
+            v = _pixels_first(values[chunk])  # (H, W, b·d)
+            g_out = _pixels_first(grad_out[chunk]).view(-1, out_dim)  # (N·b, out)
+            rows = g_out.shape[0]
+            grad_v = v.new_zeros(v.shape) if grad_values is not None else None
+            t, y = v.new_empty(v.shape), v.new_empty(height, rows * d // height)
+            g, u = v.new_empty(y.shape), v.new_empty(y.shape)
+            for h in range(heads):
+                w = weight[:, h * d : (h + 1) * d]  # (out, d)
+                torch.bmm(col[h].expand(height, width, width), v, out=t)  # recomputed
+                torch.mm(row[h], t.view(height, -1), out=y)
+                if grad_weight is not None:
+                    gw = grad_weight[h]
+                    torch.addmm(gw, g_out.t(), y.view(rows, d), out=gw)
+                torch.mm(g_out, w, out=g.view(rows, d))  # d loss / d y
+                if grad_row is not None:
+                    # d/d row[q1, k1] = Σ_{q2, b, c} g[q1, (q2, b, c)] t[k1, (q2, b, c)]
+                    grad_row[h] += g @ t.view(height, -1).t()
+                torch.mm(row[h].t(), g, out=u)  # d loss / d t
+                u3 = u.view(height, width, -1)
+                if grad_col is not None:
+                    # d/d col[q2, k2] = Σ_{k1, b, c} u[k1, q2, (b, c)] v[k1, k2, (b, c)]
+                    grad_col[h] += torch.bmm(u3, v.transpose(1, 2)).sum(0)
+                if grad_v is not None:
+                    grad_v.baddbmm_(col[h].t().expand(height, width, width), u3)
+            if grad_values is not None:
+                images = chunk.stop - chunk.start
+                grad_values[chunk] = grad_v.view(height, width, images, d).permute(2, 0, 1, 3)
+        if grad_weight is not None:  # (heads, out, d) → (out, heads·d)
+            grad_weight = grad_weight.permute(1, 0, 2).reshape(out_dim, heads * d)
+        grad_bias = grad_out.sum((0, 1, 2)) if needs_grad[4] else None
+        return grad_values, grad_row, grad_col, grad_weight, grad_bias
+
+
+_LOOPS = {"images": _ImagesFirst, "pixels": _PixelsFirst}
+"""The loop of each of ``LAYOUTS``."""
+
+
 def _autocast_dtype(device_type: str) -> torch.dtype | None:
     """The dtype autocast runs matrix products in on ``device_type`` now, or ``None`` when off."""
     if hasattr(torch, "get_autocast_dtype"):  # torch >= 2.4
@@ -216,6 +325,7 @@ def separable_attention_project(
     weight: Tensor,
     bias: Tensor | None,
     chunk_elements: int | None = None,
+    layout: str = "images",
 ) -> Tensor:
     r"""$\sum_h (R^h \otimes C^h) \, x W_h^\top + \text{bias}$ for every image, without a per-head
     activation tensor.
@@ -228,6 +338,8 @@ def separable_attention_project(
         bias: ``(out_dim,)`` or ``None``.
         chunk_elements: at most this many values of one head per chunk of images (or one image);
             default ``CHUNK_ELEMENTS``.
+        layout: the order a chunk is attended in, ``"images"`` (as it comes) or ``"pixels"``
+            (copied pixels first; module docstring).
 
     Returns:
         ``(B, H, W, out_dim)``. All arguments are cast to one dtype: autocast's when it is on
@@ -237,4 +349,6 @@ def separable_attention_project(
     values = values.to(dtype).contiguous()
     cast = [None if t is None else t.to(dtype) for t in (row, col, weight, bias)]
     chunk_elements = CHUNK_ELEMENTS if chunk_elements is None else chunk_elements
-    return _SeparableAttentionProject.apply(values, *cast, chunk_elements)
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    return _SeparableAttentionProject.apply(values, *cast, chunk_elements, layout)
