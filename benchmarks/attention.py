@@ -9,7 +9,8 @@ float32 and, where ``--precision`` resolves to bfloat16, under bfloat16 autocast
 - every exact route of the layer, pinned (``attention/routes.py``: ``shared``, the ``(heads, N,
   N)`` matrix applied to the batch; ``separable``, the row and column factors for all heads at
   once; ``per head, chunks of C``, one head at a time fused with the output projection, in chunks
-  of ``C`` values, for each chunk size measured);
+  of ``C`` values, for each chunk size measured, and the same with each chunk held pixels first,
+  ``per head, pixels first, chunks of C``);
 - the layer as it picks: a fresh selector measures the routes on its first call (the untimed
   warm-up) and takes the fastest; the route it took is printed below the table;
 - the peers: the shared dense form (``P = softmax(positional logits)`` ``(heads, N, N)`` once per
