@@ -119,6 +119,17 @@ class _Scratch:
         return columns, rows
 
 
+def _add_projected(out: Tensor, attended: Tensor, w: Tensor, partial: Tensor | None) -> None:
+    """``out += attended @ w.t()`` in place, ``attended (rows, d)``, ``w (out_dim, d)``: one
+    ``addmm`` where ``out`` has ``attended``'s dtype (counted by FlopCounterMode, unlike
+    ``addmm_``), else the product into ``partial (rows, out_dim)`` in ``attended``'s 16 bits,
+    added to the float32 ``out`` (a 16-bit sum over heads would round once per head)."""
+    if partial is None:
+        torch.addmm(out, attended, w.t(), out=out)
+    else:
+        out += torch.mm(attended, w.t(), out=partial)
+
+
 class _SeparableAttentionProject(torch.autograd.Function):
     """The per-head loop in either order of a chunk (``LAYOUTS``: ``_ImagesFirst``,
     ``_PixelsFirst``), autocast off within: the loops cast nothing themselves."""
@@ -156,7 +167,6 @@ class _ImagesFirst:
     ):
         batch, height, width, d = values.shape
         heads, out_dim = row.shape[0], weight.shape[0]
-        # Accumulate in at least float32: a bf16 sum over heads would round once per head.
         acc_dtype = torch.promote_types(values.dtype, torch.float32)
         out = values.new_empty(batch, height * width, out_dim, dtype=acc_dtype)
         out[:] = 0.0 if bias is None else bias
@@ -165,14 +175,12 @@ class _ImagesFirst:
         head_out = None if acc_dtype == values.dtype else values.new_empty(out[chunks[0]].shape)
         for chunk in chunks:
             out_chunk, v = out[chunk].view(-1, out_dim), _by_rows(values[chunk])
+            partial = None if head_out is None else head_out[: chunk.stop - chunk.start]
             for h in range(heads):
                 _, attended = scratch.attend(row[h], col[h], v)
-                attended, w = attended.view(-1, d), weight[:, h * d : (h + 1) * d]
-                if head_out is None:  # counted by FlopCounterMode, unlike addmm_
-                    torch.addmm(out_chunk, attended, w.t(), out=out_chunk)
-                else:
-                    partial = head_out[: chunk.stop - chunk.start].view(-1, out_dim)
-                    out_chunk += torch.mm(attended, w.t(), out=partial)
+                w = weight[:, h * d : (h + 1) * d]
+                _add_projected(out_chunk, attended.view(-1, d), w,
+                               None if partial is None else partial.view(-1, out_dim))
         return out.to(values.dtype).view(batch, height, width, out_dim)
 
     @staticmethod
@@ -221,10 +229,23 @@ class _ImagesFirst:
         return grad_values, grad_row, grad_col, grad_weight, grad_bias
 
 
-def _pixels_first(values: Tensor) -> Tensor:
-    """``(b, H, W, c)`` → a contiguous ``(H, W, b·c)`` copy."""
+def _pixels_first(values: Tensor, buffer: Tensor) -> Tensor:
+    """``values (b, H, W, c)`` copied pixels first into the start of the flat ``buffer``; returns
+    that copy as ``(H, W, b·c)``."""
     batch, height, width, c = values.shape
-    return values.permute(1, 2, 0, 3).contiguous().view(height, width, batch * c)
+    copy = buffer[: values.numel()].view(height, width, batch, c)
+    copy.copy_(values.permute(1, 2, 0, 3))
+    return copy.view(height, width, batch * c)
+
+
+def _chunk_buffer(values: Tensor, chunks: list[slice], channels: int,
+                  dtype: torch.dtype | None = None) -> Tensor:
+    """A flat buffer for ``channels`` numbers per pixel of the largest (the first) of ``chunks``,
+    reused by every chunk: fresh pages per chunk cost the allocator's page faults
+    (``_Scratch``)."""
+    _, height, width, _ = values.shape
+    pixels = (chunks[0].stop - chunks[0].start) * height * width
+    return values.new_empty(pixels * channels, dtype=dtype)
 
 
 class _PixelsFirst:
@@ -234,30 +255,27 @@ class _PixelsFirst:
     def forward(values, row, col, weight, bias, chunk_elements):
         batch, height, width, d = values.shape
         heads, out_dim = row.shape[0], weight.shape[0]
-        # Accumulate in at least float32: a bf16 sum over heads would round once per head.
         acc_dtype = torch.promote_types(values.dtype, torch.float32)
         out = values.new_empty(batch, height, width, out_dim)
         chunks = _image_chunks(values, chunk_elements)
-        most = (chunks[0].stop - chunks[0].start) * height * width
-        columns = values.new_empty(most * d)  # (H, W, b·d)
-        attended = values.new_empty(most * d)  # (H, W·b·d) = (N·b, d), pixels first
-        acc = values.new_empty(most, out_dim, dtype=acc_dtype)  # (N·b, out), pixels first
-        head_out = None if acc_dtype == values.dtype else values.new_empty(most, out_dim)
+        pixels_first = _chunk_buffer(values, chunks, d)  # the chunk, (H, W, b·d)
+        columns = _chunk_buffer(values, chunks, d)  # (H, W, b·d)
+        attended = _chunk_buffer(values, chunks, d)  # (H, W·b·d) = (N·b, d), pixels first
+        acc = _chunk_buffer(values, chunks, out_dim, acc_dtype)  # (N·b, out), pixels first
+        head_out = None if acc_dtype == values.dtype else _chunk_buffer(values, chunks, out_dim)
         for chunk in chunks:
-            v = _pixels_first(values[chunk])  # (H, W, b·d)
+            v = _pixels_first(values[chunk], pixels_first)
             rows = height * width * (chunk.stop - chunk.start)
-            t, y, o = columns[: rows * d].view(v.shape), attended[: rows * d], acc[:rows]
+            t, y = columns[: rows * d].view(v.shape), attended[: rows * d]
+            o = acc[: rows * out_dim].view(rows, out_dim)
+            partial = None if head_out is None else head_out[: rows * out_dim].view(rows, out_dim)
             o[:] = 0.0 if bias is None else bias
             for h in range(heads):
                 # t[k1, q2, (b, c)] = Σ_k2 col[q2, k2] v[k1, k2, (b, c)]
                 torch.bmm(col[h].expand(height, width, width), v, out=t)
                 # y[q1, (q2, b, c)] = Σ_k1 row[q1, k1] t[k1, (q2, b, c)]
                 torch.mm(row[h], t.view(height, -1), out=y.view(height, -1))
-                w = weight[:, h * d : (h + 1) * d]
-                if head_out is None:
-                    torch.addmm(o, y.view(rows, d), w.t(), out=o)
-                else:
-                    o += torch.mm(y.view(rows, d), w.t(), out=head_out[:rows])
+                _add_projected(o, y.view(rows, d), weight[:, h * d : (h + 1) * d], partial)
             out[chunk] = o.view(height, width, -1, out_dim).permute(2, 0, 1, 3)
         return out
 
@@ -270,13 +288,18 @@ class _PixelsFirst:
         grad_row = torch.zeros_like(row) if needs_grad[1] else None
         grad_col = torch.zeros_like(col) if needs_grad[2] else None
         grad_weight = weight.new_zeros(heads, out_dim, d) if needs_grad[3] else None
-        for chunk in _image_chunks(values, chunk_elements):
-            v = _pixels_first(values[chunk])  # (H, W, b·d)
-            g_out = _pixels_first(grad_out[chunk]).view(-1, out_dim)  # (N·b, out)
+        chunks = _image_chunks(values, chunk_elements)
+        # the chunk and its output's gradient pixels first, and t, y, d/dy, d/dt, d/dv
+        pixels_first, grad_out_first = (_chunk_buffer(values, chunks, c) for c in (d, out_dim))
+        t_flat, y_flat, g_flat, u_flat = (_chunk_buffer(values, chunks, d) for _ in range(4))
+        grad_v_flat = None if grad_values is None else _chunk_buffer(values, chunks, d)
+        for chunk in chunks:
+            v = _pixels_first(values[chunk], pixels_first)  # (H, W, b·d)
+            g_out = _pixels_first(grad_out[chunk], grad_out_first).view(-1, out_dim)  # (N·b, out)
             rows = g_out.shape[0]
-            grad_v = v.new_zeros(v.shape) if grad_values is not None else None
-            t, y = v.new_empty(v.shape), v.new_empty(height, rows * d // height)
-            g, u = v.new_empty(y.shape), v.new_empty(y.shape)
+            t = t_flat[: rows * d].view(v.shape)
+            y, g, u = (flat[: rows * d].view(height, -1) for flat in (y_flat, g_flat, u_flat))
+            grad_v = None if grad_v_flat is None else grad_v_flat[: rows * d].view(v.shape).zero_()
             for h in range(heads):
                 w = weight[:, h * d : (h + 1) * d]  # (out, d)
                 torch.bmm(col[h].expand(height, width, width), v, out=t)  # recomputed
