@@ -162,6 +162,26 @@ def test_layer_never_builds_a_tensor_of_heads_times_the_input(layout):
     assert batched.largest >= pixels * heads * dim
 
 
+@pytest.mark.parametrize("layout", separable.LAYOUTS)
+def test_in_16_bits_the_heads_are_gathered_for_one_chunk_only(layout):
+    """In bfloat16 the heads' outputs of a chunk are gathered side by side for one product: a
+    buffer of heads × one chunk, never heads × the input; the output stays the float64
+    reference's to within bfloat16 rounding."""
+    batch, height, width, heads, d, out_dim = 4, 10, 12, 5, 6, 7
+    gen = torch.Generator().manual_seed(2)
+    inputs = [t.float() for t in random_inputs(gen, batch, height, width, heads, d, out_dim,
+                                               True, False)]
+    exact = plain_reference(*(t.double() for t in inputs))
+    image = height * width
+    with LargestOutput() as recorder:
+        low = separable_attention_project(*(t.bfloat16() for t in inputs),
+                                          chunk_elements=image * d, layout=layout)
+    assert recorder.largest == image * heads * d  # one image per chunk: its gathered heads
+    assert recorder.largest < batch * image * heads * d
+    assert low.dtype == torch.bfloat16
+    assert ((low.double() - exact).abs().max() / exact.abs().max()).item() < 2e-2
+
+
 def test_the_per_head_route_is_for_cpus_only():
     big = layer_module.FUSED_MIN_ELEMENTS
     cpu, cuda = torch.device("cpu"), torch.device("cuda:0")

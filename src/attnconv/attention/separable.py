@@ -14,8 +14,9 @@ few passes over a tensor ``heads`` times the size of the input, which on a CPU c
 attention arithmetic itself. [`separable_attention_project`][] instead loops over chunks of
 images and over heads: attend one head of one chunk (two small matrix products into scratch
 buffers), multiply it into the output with one matrix product, and in the backward pass recompute
-it rather than store it. Nothing of size ``heads × input`` is ever allocated, every tensor stays in
-the input's ``(B, H, W, ·)`` layout (no permutes), and the projection's arithmetic is unchanged.
+it rather than store it. Nothing of size ``heads × input`` is ever allocated (in 16 bits the heads'
+outputs of one chunk are gathered for a single projection product, ``_Projection``: ``heads`` times
+a chunk, bounded by the chunk size), and the projection's arithmetic is unchanged.
 
 The loop runs in one of two layouts of a chunk (``LAYOUTS``; the route selector measures both,
 ``attention/routes.py``). ``"images"``: the chunk as it comes, ``(b, H, W, d)``; a head's column
@@ -47,7 +48,8 @@ CHUNK_ELEMENTS = 1 << 18
 """At most this many values of one head per chunk of images (1 MiB in float32), or one image where
 an image holds more: the chunk the rule-based route takes (``attention/routes.py``), where the
 measured one (``chunk_candidates``) is not. Bounds the scratch memory (two buffers of this size in
-the forward pass, four in the backward) whatever the batch and image size, and keeps a chunk's
+the forward pass, four in the backward, and in 16 bits ``heads`` more for the gathered outputs,
+``_Projection``) whatever the batch and image size, and keeps a chunk's
 tensors near the core while every head passes over them: the attention products have inner
 dimension ``H`` or ``W`` and are bound by memory traffic. Measured on an AMD EPYC Zen 5 (1 MiB L2
 per core, 1 thread, fwd+bwd in float32, CPU time): at the Fashion size (batch 100, 14×14, 9
@@ -119,15 +121,47 @@ class _Scratch:
         return columns, rows
 
 
-def _add_projected(out: Tensor, attended: Tensor, w: Tensor, partial: Tensor | None) -> None:
-    """``out += attended @ w.t()`` in place, ``attended (rows, d)``, ``w (out_dim, d)``: one
-    ``addmm`` where ``out`` has ``attended``'s dtype (counted by FlopCounterMode, unlike
-    ``addmm_``), else the product into ``partial (rows, out_dim)`` in ``attended``'s 16 bits,
-    added to the float32 ``out`` (a 16-bit sum over heads would round once per head)."""
-    if partial is None:
-        torch.addmm(out, attended, w.t(), out=out)
-    else:
-        out += torch.mm(attended, w.t(), out=partial)
+class _Projection:
+    """``out = bias + Σ_h attended_h @ W_hᵀ`` over the rows of one chunk, the heads given one at a
+    time (``W_h``: the head's ``(out_dim, d)`` block of ``weight``).
+
+    In float32 and float64 each head's product is added into ``out`` in place (``addmm``, counted
+    by FlopCounterMode, unlike ``addmm_``). In 16 bits the heads' outputs are gathered side by side,
+    ``(rows, heads·d)``, and projected by one product when the chunk ends, rounded once as
+    autocast's ``Linear`` rounds: a 16-bit product per head summed in float32 ran 1.2–1.5× slower
+    on an Intel Xeon with AMX (the mixed-dtype sum cost twice the product), and a 16-bit running
+    sum would round once per head. The gathered buffer is ``heads`` times a chunk, bounded by the
+    chunk size like the other scratch; in float32 the same gathering ran 1.7× slower."""
+
+    def __init__(self, values: Tensor, weight: Tensor, bias: Tensor | None, rows: int) -> None:
+        self.weight, self.bias, self.d = weight, bias, values.shape[-1]
+        gather = values.dtype.itemsize < 4
+        self.gathered = values.new_empty(rows, weight.shape[1]) if gather else None
+        self.out: Tensor | None = None
+
+    def begin(self, out: Tensor) -> None:
+        """Start a chunk whose result goes to ``out (rows, out_dim)``, in the values' dtype."""
+        self.out = out
+        if self.gathered is None:
+            out[:] = 0.0 if self.bias is None else self.bias
+
+    def add(self, head: int, attended: Tensor) -> None:
+        """Head ``head``'s attended values of the chunk, ``(rows, d)``."""
+        columns = slice(head * self.d, (head + 1) * self.d)
+        if self.gathered is None:
+            torch.addmm(self.out, attended, self.weight[:, columns].t(), out=self.out)
+        else:
+            self.gathered[: attended.shape[0], columns] = attended
+
+    def end(self) -> None:
+        """Finish the chunk: in 16 bits, project the gathered heads into ``out``."""
+        if self.gathered is None:
+            return
+        gathered = self.gathered[: self.out.shape[0]]
+        if self.bias is None:
+            torch.mm(gathered, self.weight.t(), out=self.out)
+        else:
+            torch.addmm(self.bias, gathered, self.weight.t(), out=self.out)
 
 
 class _SeparableAttentionProject(torch.autograd.Function):
@@ -167,21 +201,18 @@ class _ImagesFirst:
     ):
         batch, height, width, d = values.shape
         heads, out_dim = row.shape[0], weight.shape[0]
-        acc_dtype = torch.promote_types(values.dtype, torch.float32)
-        out = values.new_empty(batch, height * width, out_dim, dtype=acc_dtype)
-        out[:] = 0.0 if bias is None else bias
+        out = values.new_empty(batch, height * width, out_dim)
         chunks = _image_chunks(values, chunk_elements)
         scratch = _Scratch(values, chunks[0].stop)
-        head_out = None if acc_dtype == values.dtype else values.new_empty(out[chunks[0]].shape)
+        projection = _Projection(values, weight, bias, out[chunks[0]].view(-1, out_dim).shape[0])
         for chunk in chunks:
-            out_chunk, v = out[chunk].view(-1, out_dim), _by_rows(values[chunk])
-            partial = None if head_out is None else head_out[: chunk.stop - chunk.start]
+            v = _by_rows(values[chunk])
+            projection.begin(out[chunk].view(-1, out_dim))
             for h in range(heads):
                 _, attended = scratch.attend(row[h], col[h], v)
-                w = weight[:, h * d : (h + 1) * d]
-                _add_projected(out_chunk, attended.view(-1, d), w,
-                               None if partial is None else partial.view(-1, out_dim))
-        return out.to(values.dtype).view(batch, height, width, out_dim)
+                projection.add(h, attended.view(-1, d))
+            projection.end()
+        return out.view(batch, height, width, out_dim)
 
     @staticmethod
     def backward(values, row, col, weight, grad_out, needs_grad, chunk_elements):
@@ -255,27 +286,26 @@ class _PixelsFirst:
     def forward(values, row, col, weight, bias, chunk_elements):
         batch, height, width, d = values.shape
         heads, out_dim = row.shape[0], weight.shape[0]
-        acc_dtype = torch.promote_types(values.dtype, torch.float32)
         out = values.new_empty(batch, height, width, out_dim)
         chunks = _image_chunks(values, chunk_elements)
         pixels_first = _chunk_buffer(values, chunks, d)  # the chunk, (H, W, b·d)
         columns = _chunk_buffer(values, chunks, d)  # (H, W, b·d)
         attended = _chunk_buffer(values, chunks, d)  # (H, W·b·d) = (N·b, d), pixels first
-        acc = _chunk_buffer(values, chunks, out_dim, acc_dtype)  # (N·b, out), pixels first
-        head_out = None if acc_dtype == values.dtype else _chunk_buffer(values, chunks, out_dim)
+        projected = _chunk_buffer(values, chunks, out_dim)  # (N·b, out), pixels first
+        projection = _Projection(values, weight, bias, projected.numel() // out_dim)
         for chunk in chunks:
             v = _pixels_first(values[chunk], pixels_first)
             rows = height * width * (chunk.stop - chunk.start)
             t, y = columns[: rows * d].view(v.shape), attended[: rows * d]
-            o = acc[: rows * out_dim].view(rows, out_dim)
-            partial = None if head_out is None else head_out[: rows * out_dim].view(rows, out_dim)
-            o[:] = 0.0 if bias is None else bias
+            o = projected[: rows * out_dim].view(rows, out_dim)
+            projection.begin(o)
             for h in range(heads):
                 # t[k1, q2, (b, c)] = Σ_k2 col[q2, k2] v[k1, k2, (b, c)]
                 torch.bmm(col[h].expand(height, width, width), v, out=t)
                 # y[q1, (q2, b, c)] = Σ_k1 row[q1, k1] t[k1, (q2, b, c)]
                 torch.mm(row[h], t.view(height, -1), out=y.view(height, -1))
-                _add_projected(o, y.view(rows, d), weight[:, h * d : (h + 1) * d], partial)
+                projection.add(h, y.view(rows, d))
+            projection.end()
             out[chunk] = o.view(height, width, -1, out_dim).permute(2, 0, 1, 3)
         return out
 
