@@ -146,8 +146,8 @@ def test_bf16_autocast_runs_in_bf16_and_stays_close_to_float32(layout):
 
 @pytest.mark.parametrize("layout", separable.LAYOUTS)
 def test_layer_never_builds_a_tensor_of_heads_times_the_input(layout):
-    """The per-head loop keeps every intermediate at the size of one head's values or output,
-    in either order of a chunk."""
+    """In float32 the per-head loop keeps every intermediate at the size of one head's values or
+    output, in either order of a chunk."""
     batch, height, width, dim, heads = 4, 10, 12, 6, 5
     layer = MultiHeadSelfAttention2d(dim, heads, positional="gaussian")
     x = torch.randn(batch, height, width, dim, requires_grad=True)

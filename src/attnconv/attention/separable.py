@@ -14,9 +14,10 @@ few passes over a tensor ``heads`` times the size of the input, which on a CPU c
 attention arithmetic itself. [`separable_attention_project`][] instead loops over chunks of
 images and over heads: attend one head of one chunk (two small matrix products into scratch
 buffers), multiply it into the output with one matrix product, and in the backward pass recompute
-it rather than store it. Nothing of size ``heads × input`` is ever allocated (in 16 bits the heads'
-outputs of one chunk are gathered for a single projection product, ``_Projection``: ``heads`` times
-a chunk, bounded by the chunk size), and the projection's arithmetic is unchanged.
+it rather than store it. In float32 nothing of size ``heads × input`` is ever allocated; in 16
+bits the heads' outputs of one chunk are gathered for a single projection product
+(``_Projection``): ``heads`` times a chunk, bounded by the chunk size whatever the batch (``heads ×
+input`` only where one chunk holds the whole batch). The projection's arithmetic is unchanged.
 
 The loop runs in one of two layouts of a chunk (``LAYOUTS``; the route selector measures both,
 ``attention/routes.py``). ``"images"``: the chunk as it comes, ``(b, H, W, d)``; a head's column
