@@ -49,6 +49,7 @@ bfloat16 rows mostly time the emulated Linear layers.
     python benchmarks/train.py                                  # every preset, 1+2 steps each
     python benchmarks/train.py --presets quadratic --batch-size 20 --steps 1   # quick look
     python benchmarks/train.py --presets --threads 1            # only the content model
+    python benchmarks/train.py --content-forms                  # only the presets' table
 """
 
 from __future__ import annotations
@@ -321,7 +322,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="presets of the table (none: only the content model)")
     parser.add_argument("--content-preset", choices=CONTENT_PRESETS, default=CONTENT_PRESETS[0])
     parser.add_argument("--content-forms", nargs="*", choices=list(CONTENT_FORMS),
-                        default=list(CONTENT_FORMS), help="forms of the content model to time")
+                        default=list(CONTENT_FORMS),
+                        help="forms of the content model to time (none: no content model)")
     parser.add_argument("--content-rounds", type=int, default=6,
                         help="alternating rounds of the content comparison (best counts; one "
                         "measurement varies by 10-25%% on a shared virtual machine)")
@@ -339,6 +341,8 @@ def main(argv: list[str] | None = None) -> None:
                         "1 keeps a machine shared with other work from stalling every parallel "
                         "operation on a descheduled thread)")
     args = parser.parse_args(argv)
+    if not args.presets and not args.content_forms:
+        parser.error("nothing to time: --presets and --content-forms are both empty")
     for name in ("batch_size", "steps", "gemm_size", "content_rounds", "threads", "rounds"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
@@ -357,8 +361,9 @@ def main(argv: list[str] | None = None) -> None:
                      args.gemm_size, device, args.rounds)
     elif device.type == "cpu":
         reuse_freed_memory()
-    content_comparison(args.content_preset, args.content_forms, args.batch_size, args.steps,
-                       args.warmup, args.content_rounds, device)
+    if args.content_forms:
+        content_comparison(args.content_preset, args.content_forms, args.batch_size, args.steps,
+                           args.warmup, args.content_rounds, device)
 
 if __name__ == "__main__":
     main()
