@@ -12,8 +12,8 @@ against float64 explicit attention):
   per head and image, no $N \times N$ tensor: ``separable``, all heads at once (two batched
   products), or without a value projection ``per head, chunks of C`` (and ``per head, pixels
   first, chunks of C``, each chunk held pixels first), heads attended and projected one at a time
-  over chunks of images, so that no tensor of ``heads ×`` the input's size exists either
-  (``attention/separable.py``).
+  over chunks of images, so that in float32 no tensor of ``heads ×`` the input's size exists
+  either (in 16 bits one of ``heads ×`` a chunk; ``attention/separable.py``).
 * position-only, ``shared``: $P^h$ ($N \times N$) built once per forward and applied to the whole
   batch as one matrix product; the only route of a score that does not separate
   (``gaussian_full``).
